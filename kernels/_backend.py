@@ -1,0 +1,75 @@
+"""Backend selection for the drop-in ops.
+
+``reference`` is plain PyTorch (the spec), ``triton`` the fused Triton kernels (CUDA, or CPU
+tensors under ``TRITON_INTERPRET=1``), ``native`` the C++ CPU extension built from ``csrc/``.
+``auto`` picks triton for CUDA tensors, native for CPU tensors when it is built, else reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+
+import torch
+
+BACKENDS = ("auto", "reference", "triton", "native")
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.cache
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def native_built() -> bool:
+    """Whether the optional C++ extension ``kernels._native`` was built and loads."""
+    return _importable("kernels._native")
+
+
+def unavailable_reason(backend: str, device: torch.device) -> str | None:
+    """Why ``backend`` cannot run on ``device`` (None when it can)."""
+    if backend == "reference":
+        return None
+    if backend == "triton":
+        if not _importable("triton"):
+            return "triton is not installed (pip install triton)"
+        if device.type == "cuda" or (device.type == "cpu" and triton_interpreting()):
+            return None
+        if device.type == "cpu":
+            return ("Triton on CPU tensors needs TRITON_INTERPRET=1 in the environment before "
+                    "kernels is imported")
+        return f"Triton kernels run on CUDA devices, not {device.type}"
+    if backend == "native":
+        if device.type != "cpu":
+            return f"the native backend runs on CPU tensors, not {device.type}"
+        if not native_built():
+            return ("the native extension kernels._native is not built; reinstall with "
+                    "pip install --no-build-isolation -e . (without WC_FAST_NO_NATIVE=1)")
+        return None
+    return f"unknown backend {backend!r}; expected one of {BACKENDS}"
+
+
+def resolve(op: str, backend: str, device: torch.device, implemented: tuple[str, ...]) -> str:
+    """The concrete backend ``op`` uses for tensors on ``device``; raises if it cannot run."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        preferred = ("triton",) if device.type == "cuda" else ("native",)
+        for candidate in (*preferred, "reference"):
+            if candidate in implemented and unavailable_reason(candidate, device) is None:
+                return candidate
+        return "reference"
+    if backend not in implemented:
+        raise ValueError(f"{op} has no {backend!r} backend; available: {implemented}")
+    reason = unavailable_reason(backend, device)
+    if reason is not None:
+        raise RuntimeError(f"{op}: backend={backend!r} is unavailable: {reason}")
+    return backend

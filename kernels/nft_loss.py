@@ -1,0 +1,71 @@
+"""``nft_loss``: the negative-aware flow-matching loss of DiffusionNFT / WorldCompass."""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor
+
+from kernels import _checks, reference
+from kernels._backend import resolve
+
+SPACES = ("velocity", "x0")
+REDUCTIONS = ("mean", "sum", "none")
+IMPLEMENTED = ("reference",)
+
+
+def _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction) -> None:
+    _checks.check_tensor("v_theta", v_theta, min_dim=1)
+    _checks.check_like("v_old", _checks.check_tensor("v_old", v_old), "v_theta", v_theta)
+    _checks.check_like("v_target", _checks.check_tensor("v_target", v_target), "v_theta",
+                       v_theta)
+    if v_theta.shape[0] == 0 or v_theta[0].numel() == 0:
+        raise ValueError(f"v_theta must be non-empty [B, ...], got shape {tuple(v_theta.shape)}")
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
+        raise TypeError(f"beta must be a finite float, got {beta!r}")
+    _checks.check_choice("space", space, SPACES)
+    _checks.check_choice("reduction", reduction, REDUCTIONS)
+    b = v_theta.shape[0]
+    _checks.check_tensor("r", r)
+    _checks.check_shape("r", r, (b,), "one optimality value per sample")
+    _checks.check_device("r", r, "v_theta", v_theta)
+    _checks.check_range("r", r, 0.0, 1.0)
+    if space == "x0":
+        if sigma is None:
+            raise ValueError("sigma [B] is required for space='x0'")
+        _checks.check_tensor("sigma", sigma)
+        _checks.check_shape("sigma", sigma, (b,), "one noise level per sample")
+        _checks.check_device("sigma", sigma, "v_theta", v_theta)
+        _checks.check_range("sigma", sigma, 0.0, 1.0)
+
+
+def nft_loss(
+    v_theta: Tensor,
+    v_old: Tensor,
+    v_target: Tensor,
+    r: Tensor,
+    *,
+    beta: float = 1.0,
+    sigma: Tensor | None = None,
+    space: str = "velocity",
+    reduction: str = "mean",
+    backend: str = "auto",
+) -> Tensor:
+    """Negative-aware flow-matching loss (DESIGN section 7).
+
+    ``v_theta`` (current model, gets the gradient), ``v_old`` (old model), ``v_target``
+    (``eps - x0``): ``[B, ...]`` of one dtype (fp16, bf16, fp32; fp64 on the reference).
+    ``r`` ``[B]`` in [0, 1] is the optimality of each sample; ``sigma`` ``[B]`` the noise level,
+    required for ``space="x0"``. Returns the fp32 loss (fp64 for fp64 inputs), averaged
+    (``"mean"``), summed (``"sum"``) or per sample ``[B]`` (``"none"``).
+    """
+    _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction)
+    chosen = resolve("nft_loss", backend, v_theta.device, IMPLEMENTED)
+    if chosen == "reference":
+        per_sample = reference.nft_loss(v_theta, v_old, v_target, r, beta=float(beta),
+                                        sigma=sigma, space=space)
+    if reduction == "mean":
+        return per_sample.mean()
+    if reduction == "sum":
+        return per_sample.sum()
+    return per_sample

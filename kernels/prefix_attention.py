@@ -1,0 +1,58 @@
+"""``prefix_attention``: B query blocks attending to one shared prefix KV plus their own keys."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from kernels import _checks, reference
+from kernels._backend import resolve
+
+IMPLEMENTED = ("reference",)
+
+
+def _check_inputs(q, k, v, prefix_k, prefix_v) -> None:
+    _checks.check_tensor("q", q)
+    if q.dim() != 4:
+        raise ValueError(f"q must have shape [B, H, L, D], got {tuple(q.shape)}")
+    b, h, _, d = q.shape
+    _checks.check_tensor("k", k)
+    _checks.check_like("v", _checks.check_tensor("v", v), "k", k)
+    if k.dim() != 4 or k.shape[0] != b or k.shape[1] != h or k.shape[3] != d:
+        raise ValueError(f"k must have shape [B={b}, H={h}, L, D={d}], got {tuple(k.shape)}")
+    for name, t in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
+        _checks.check_tensor(name, t)
+        if t.dim() != 4 or t.shape[0] != 1 or t.shape[1] != h or t.shape[3] != d:
+            raise ValueError(f"{name} must have shape [1, H={h}, P, D={d}] (one copy shared "
+                             f"by all rows), got {tuple(t.shape)}")
+    if prefix_v.shape != prefix_k.shape:
+        raise ValueError(f"prefix_v must have the shape of prefix_k {tuple(prefix_k.shape)}, "
+                         f"got {tuple(prefix_v.shape)}")
+    for name, t in (("k", k), ("v", v), ("prefix_k", prefix_k), ("prefix_v", prefix_v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {t.dtype}")
+        _checks.check_device(name, t, "q", q)
+    if k.shape[2] + prefix_k.shape[2] == 0:
+        raise ValueError("prefix_attention needs at least one key: L_k + P must be > 0")
+
+
+def prefix_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    prefix_k: Tensor,
+    prefix_v: Tensor,
+    *,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> Tensor:
+    """Softmax attention of each row over ``cat(prefix, own keys)`` with one shared prefix.
+
+    ``q`` ``[B, H, L, D]``, ``k, v`` ``[B, H, Lk, D]``, ``prefix_k, prefix_v`` ``[1, H, P, D]``
+    (``P`` may be 0) -> ``[B, H, L, D]``. ``scale`` defaults to ``D ** -0.5``. Differentiable
+    in all five inputs; the prefix gradient is summed over rows.
+    """
+    _check_inputs(q, k, v, prefix_k, prefix_v)
+    chosen = resolve("prefix_attention", backend, q.device, IMPLEMENTED)
+    if chosen == "reference":
+        return reference.prefix_attention(q, k, v, prefix_k, prefix_v, scale=scale)
+    raise AssertionError(chosen)

@@ -1,0 +1,72 @@
+"""Thin command line shared by the entry points: a preset plus ``--section.field VALUE``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from wc_fast import config as config_lib
+
+
+@dataclass(slots=True)
+class RunArgs:
+    config: config_lib.Config
+    resume: bool
+
+
+def default_preset() -> str:
+    """``paper`` on a CUDA machine, ``cpu`` elsewhere."""
+    return "paper" if torch.cuda.is_available() else "cpu"
+
+
+def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = None) -> RunArgs:
+    """Parse ``[--preset NAME] [--out DIR] [--steps N] [--resume] [--section.field VALUE]``."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description,
+        epilog="Any config field can be set as --section.field VALUE (e.g. --rollout.steps 8, "
+               "--reward.trans_thresholds 0.01,0.02). Sections: "
+               + ", ".join(config_lib.SECTIONS) + ".")
+    parser.add_argument("--preset", choices=config_lib.PRESETS, default=None,
+                        help="named configuration (default: paper with CUDA, cpu without)")
+    parser.add_argument("--out", default=None, help="output directory (train.out)")
+    parser.add_argument("--steps", type=int, default=None, help="iterations (train.steps)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint in --out")
+    args, rest = parser.parse_known_args(argv)
+    cfg = config_lib.preset(args.preset or default_preset())
+    overrides = _pairs(parser, rest)
+    if args.out is not None:
+        overrides.append(("train.out", args.out))
+    if args.steps is not None:
+        overrides.append(("train.steps", str(args.steps)))
+    for path, text in overrides:
+        try:
+            config_lib.apply_override(cfg, path, text)
+        except (ValueError, TypeError) as exc:
+            parser.error(str(exc))
+    try:
+        config_lib.validate(cfg)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return RunArgs(config=cfg, resume=args.resume)
+
+
+def _pairs(parser: argparse.ArgumentParser, rest: list[str]) -> list[tuple[str, str]]:
+    """``["--a.b", "1", "--c.d=2"]`` -> ``[("a.b", "1"), ("c.d", "2")]``."""
+    pairs, i = [], 0
+    while i < len(rest):
+        item = rest[i]
+        if not item.startswith("--") or len(item) == 2:
+            parser.error(f"unexpected argument {item!r}")
+        key, eq, value = item[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(rest):
+                parser.error(f"--{key} needs a value")
+            value = rest[i + 1]
+            i += 1
+        pairs.append((key, value))
+        i += 1
+    return pairs

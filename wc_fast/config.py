@@ -1,0 +1,351 @@
+"""Run configuration: slotted dataclasses, named presets and validation.
+
+Presets: ``paper`` and ``official`` reproduce the two columns of DESIGN section 4 (the paper and
+the official WorldCompass code); ``cpu`` and ``smoke`` are sized for a 2-core machine with the
+embedded world model. Any field can be overridden by name, ``section.field`` (see
+:func:`apply_override`), and every value is checked by :func:`validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+
+PRESETS = ("paper", "official", "cpu", "smoke")
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """The world model: frame size, clip length and transformer sizes."""
+
+    resolution: int = 32
+    channels: int = 3
+    clip_frames: int = 4
+    patch: int = 4
+    dim: int = 192
+    depth: int = 6
+    heads: int = 6
+    context_sigma: float = 0.014
+    dtype: str = "float32"
+
+
+@dataclass(slots=True)
+class RolloutConfig:
+    """Candidate generation with the old (EMA) model."""
+
+    group_size: int = 16
+    groups_per_rank: int = 1
+    num_clips: int = 4
+    steps: int = 40
+    shift: float = 5.0
+    mode: str = "clip"
+    exploration: str = "noise"
+    sde_noise: float = 0.7
+    composite_fraction: float = 0.5
+    capture: str = "auto"
+
+
+@dataclass(slots=True)
+class RewardConfig:
+    """IF and VQ rewards and how they become advantages."""
+
+    lam: float = 2.0 / 3.0
+    Z: float = 2.0
+    std: str = "group"
+    kind: str = "both"
+    rot_threshold_deg: float = 1.0
+    trans_thresholds: tuple[float, ...] = (0.01, 0.02, 0.03, 0.04, 0.05)
+    vq_stride: int = 4
+    vq_mode: str = "stride"
+
+
+@dataclass(slots=True)
+class NFTConfig:
+    """The negative-aware fine-tuning loss and what it is computed on."""
+
+    beta: float = 1.0
+    loss_space: str = "velocity"
+    keep: int = 3
+    timestep_fraction: float = 0.5
+    old_prediction: str = "old_model"
+    context_kv: str = "recompute"
+    micro_batch: int = 0
+
+
+@dataclass(slots=True)
+class OptimConfig:
+    """Optimizer: Muon on 2-D weights, AdamW (or Muon-only) for the rest."""
+
+    optimizer: str = "muon"
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 0.0
+    updates_per_iteration: int = 1
+
+
+@dataclass(slots=True)
+class EMAConfig:
+    """Old-model EMA decay schedule (see :func:`wc_fast.ema.ema_decay`)."""
+
+    schedule: str = "linear"
+    start: float = 0.4
+    end: float = 0.8
+
+
+@dataclass(slots=True)
+class TrainConfig:
+    """Run length, seeds, output and checkpointing."""
+
+    steps: int = 100
+    seed: int = 0
+    out: str = "runs/wc_fast"
+    device: str = "auto"
+    log_every: int = 1
+    ckpt_every: int = 10
+    keep_last: int = 2
+    distributed: str = "ddp"
+    eval_at_end: bool = True
+
+
+@dataclass(slots=True)
+class Config:
+    """A whole run."""
+
+    preset: str = "paper"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    nft: NFTConfig = field(default_factory=NFTConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ema: EMAConfig = field(default_factory=EMAConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "preset")
+
+
+def _paper() -> Config:
+    return Config(preset="paper")
+
+
+def _official() -> Config:
+    cfg = Config(preset="official")
+    cfg.rollout.group_size = 12
+    cfg.reward.std = "global"
+    cfg.reward.rot_threshold_deg = 0.2
+    cfg.reward.trans_thresholds = (0.002, 0.005, 0.01)
+    cfg.reward.vq_mode = "drift"
+    cfg.nft.loss_space = "x0"
+    cfg.optim.optimizer = "muon_adamw"
+    cfg.optim.weight_decay = 1e-4
+    cfg.optim.grad_clip = 2.0
+    cfg.optim.updates_per_iteration = 3
+    cfg.ema.schedule = "official"
+    return cfg
+
+
+def _cpu() -> Config:
+    cfg = Config(preset="cpu")
+    cfg.rollout.group_size = 8
+    cfg.rollout.num_clips = 3
+    cfg.rollout.steps = 10
+    cfg.reward.trans_thresholds = (0.02, 0.04)
+    cfg.optim.lr = 1e-4
+    cfg.train.steps = 30
+    return cfg
+
+
+def _smoke() -> Config:
+    cfg = Config(preset="smoke")
+    cfg.model.resolution = 16
+    cfg.model.dim = 32
+    cfg.model.depth = 2
+    cfg.model.heads = 2
+    cfg.rollout.group_size = 6
+    cfg.rollout.num_clips = 2
+    cfg.rollout.steps = 4
+    cfg.reward.trans_thresholds = (0.02, 0.04)
+    cfg.optim.lr = 1e-4
+    cfg.train.steps = 2
+    cfg.train.ckpt_every = 1
+    cfg.train.eval_at_end = False
+    return cfg
+
+
+_BUILDERS = {"paper": _paper, "official": _official, "cpu": _cpu, "smoke": _smoke}
+
+
+def preset(name: str) -> Config:
+    """A fresh, validated config for preset ``name``."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {PRESETS}")
+    cfg = _BUILDERS[name]()
+    validate(cfg)
+    return cfg
+
+
+def _section_types(section: object) -> dict[str, object]:
+    return typing.get_type_hints(type(section))
+
+
+def _parse_value(path: str, kind: object, text: str) -> object:
+    """Parse ``text`` as the annotated type ``kind`` of field ``path``."""
+    try:
+        if kind is bool:
+            lowered = text.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if kind in (int, float, str):
+            return kind(text)
+        if typing.get_origin(kind) is tuple:
+            (item, _) = typing.get_args(kind)
+            return tuple(item(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"--{path}: cannot parse {text!r} as {getattr(kind, '__name__', kind)}"
+                         ) from None
+    raise TypeError(f"--{path}: unsupported field type {kind}")
+
+
+def apply_override(cfg: Config, path: str, text: str) -> None:
+    """Set ``section.field`` of ``cfg`` from its command-line text, e.g. ``rollout.steps=8``."""
+    parts = path.split(".")
+    if len(parts) != 2 or parts[0] not in SECTIONS:
+        raise ValueError(f"unknown config field {path!r}; expected section.field with section "
+                         f"in {SECTIONS}")
+    section = getattr(cfg, parts[0])
+    types_ = _section_types(section)
+    if parts[1] not in types_:
+        raise ValueError(f"unknown config field {path!r}; {parts[0]} has fields "
+                         f"{tuple(types_)}")
+    setattr(section, parts[1], _parse_value(path, types_[parts[1]], text))
+
+
+def to_dict(cfg: Config) -> dict:
+    """Plain nested dict (JSON-serialisable) of ``cfg``."""
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict) -> Config:
+    """Inverse of :func:`to_dict`; unknown sections or fields raise ``ValueError``."""
+    cfg = Config(preset=data.get("preset", "paper"))
+    for name, values in data.items():
+        if name == "preset":
+            continue
+        if name not in SECTIONS:
+            raise ValueError(f"unknown config section {name!r}")
+        section = getattr(cfg, name)
+        types_ = _section_types(section)
+        for key, value in values.items():
+            if key not in types_:
+                raise ValueError(f"unknown config field {name}.{key}")
+            if typing.get_origin(types_[key]) is tuple:
+                value = tuple(value)
+            setattr(section, key, value)
+    validate(cfg)
+    return cfg
+
+
+def _require(ok: bool, path: str, expected: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"config {path} must be {expected}, got {value!r}")
+
+
+def _check_types(cfg: Config) -> None:
+    for name in SECTIONS:
+        section = getattr(cfg, name)
+        for key, kind in _section_types(section).items():
+            value = getattr(section, key)
+            path = f"{name}.{key}"
+            if typing.get_origin(kind) is tuple:
+                ok = isinstance(value, tuple) and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+            elif kind is float:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+                    and math.isfinite(value)
+            elif kind is int:
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            else:
+                ok = isinstance(value, kind if isinstance(kind, type) else object)
+            _require(ok, path, f"of type {getattr(kind, '__name__', kind)}", value)
+
+
+def _choices(path: str, value: object, options: tuple[str, ...]) -> None:
+    _require(value in options, path, f"one of {options}", value)
+
+
+def validate(cfg: Config) -> None:
+    """Raise ``ValueError`` naming the field for any impossible value."""
+    _choices("preset", cfg.preset, PRESETS)
+    _check_types(cfg)
+    m, ro, rw, nf, op, em, tr = (cfg.model, cfg.rollout, cfg.reward, cfg.nft, cfg.optim,
+                                 cfg.ema, cfg.train)
+    for path, value in (("model.resolution", m.resolution), ("model.channels", m.channels),
+                        ("model.clip_frames", m.clip_frames), ("model.patch", m.patch),
+                        ("model.dim", m.dim), ("model.depth", m.depth),
+                        ("model.heads", m.heads), ("rollout.groups_per_rank",
+                                                   ro.groups_per_rank),
+                        ("rollout.num_clips", ro.num_clips), ("rollout.steps", ro.steps),
+                        ("reward.vq_stride", rw.vq_stride), ("train.steps", tr.steps),
+                        ("train.log_every", tr.log_every), ("train.ckpt_every", tr.ckpt_every),
+                        ("train.keep_last", tr.keep_last),
+                        ("optim.updates_per_iteration", op.updates_per_iteration)):
+        _require(value >= 1, path, "an integer >= 1", value)
+    _require(m.resolution % m.patch == 0, "model.resolution",
+             f"a multiple of model.patch={m.patch}", m.resolution)
+    _require(m.dim % m.heads == 0, "model.dim", f"a multiple of model.heads={m.heads}", m.dim)
+    _require(0.0 <= m.context_sigma < 1.0, "model.context_sigma", "in [0, 1)", m.context_sigma)
+    _choices("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
+    _require(ro.group_size >= 2, "rollout.group_size", "an integer >= 2", ro.group_size)
+    _require(ro.shift > 0, "rollout.shift", "> 0", ro.shift)
+    _choices("rollout.mode", ro.mode, ("clip", "sample"))
+    _choices("rollout.exploration", ro.exploration, ("noise", "sde"))
+    _require(0.0 <= ro.sde_noise <= 1.0, "rollout.sde_noise", "in [0, 1]", ro.sde_noise)
+    _require(0.0 <= ro.composite_fraction <= 1.0, "rollout.composite_fraction", "in [0, 1]",
+             ro.composite_fraction)
+    _choices("rollout.capture", ro.capture, ("auto", "eager", "compile", "cuda_graph"))
+    _require(0.0 <= rw.lam <= 1.0, "reward.lam", "in [0, 1]", rw.lam)
+    _require(rw.Z > 0, "reward.Z", "> 0", rw.Z)
+    _choices("reward.std", rw.std, ("group", "global"))
+    _choices("reward.kind", rw.kind, ("both", "if", "vq"))
+    _require(rw.rot_threshold_deg >= 0, "reward.rot_threshold_deg", ">= 0",
+             rw.rot_threshold_deg)
+    _require(len(rw.trans_thresholds) >= 1 and all(t >= 0 for t in rw.trans_thresholds),
+             "reward.trans_thresholds", "a non-empty tuple of numbers >= 0",
+             rw.trans_thresholds)
+    _choices("reward.vq_mode", rw.vq_mode, ("stride", "drift"))
+    _require(nf.beta > 0, "nft.beta", "> 0", nf.beta)
+    _choices("nft.loss_space", nf.loss_space, ("velocity", "x0"))
+    _require(nf.keep >= 1 and 2 * nf.keep <= ro.group_size, "nft.keep",
+             f"an integer >= 1 with 2*keep <= rollout.group_size={ro.group_size}", nf.keep)
+    _require(0.0 < nf.timestep_fraction <= 1.0, "nft.timestep_fraction", "in (0, 1]",
+             nf.timestep_fraction)
+    _choices("nft.old_prediction", nf.old_prediction, ("old_model", "detached_current"))
+    _choices("nft.context_kv", nf.context_kv, ("recompute", "recompute_grad", "reuse"))
+    _require(nf.micro_batch >= 0, "nft.micro_batch", ">= 0 (0 = automatic)", nf.micro_batch)
+    _choices("optim.optimizer", op.optimizer, ("muon", "muon_adamw", "adamw"))
+    _require(op.lr > 0, "optim.lr", "> 0", op.lr)
+    _require(op.weight_decay >= 0, "optim.weight_decay", ">= 0", op.weight_decay)
+    _require(op.grad_clip >= 0, "optim.grad_clip", ">= 0 (0 = off)", op.grad_clip)
+    _choices("ema.schedule", em.schedule, ("linear", "official", "constant"))
+    _require(0.0 <= em.start <= 1.0, "ema.start", "in [0, 1]", em.start)
+    _require(0.0 <= em.end <= 1.0, "ema.end", "in [0, 1]", em.end)
+    _choices("train.device", tr.device, ("auto", "cpu", "cuda"))
+    _choices("train.distributed", tr.distributed, ("ddp", "fsdp2"))
+    _require(bool(tr.out), "train.out", "a non-empty path", tr.out)
+
+
+def describe(cfg: Config) -> str:
+    """One line per section, for logs."""
+    lines = [f"preset: {cfg.preset}"]
+    for name in SECTIONS:
+        section = getattr(cfg, name)
+        values = ", ".join(f"{f.name}={getattr(section, f.name)}"
+                           for f in dataclasses.fields(section))
+        lines.append(f"{name}: {values}")
+    return "\n".join(lines)
+
