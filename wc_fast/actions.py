@@ -93,6 +93,7 @@ def composite_actions() -> list[int]:
 def describe(action: int) -> str:
     """Human-readable name of an action id, e.g. ``forward+yaw_left``."""
     trans, rot = split_action(torch.tensor(action))
-    names = [n for n, b in zip(TRANSLATION_PRIMITIVES, _BITS_OF_LABEL[int(trans)]) if b]
-    names += [n for n, b in zip(ROTATION_PRIMITIVES, _BITS_OF_LABEL[int(rot)]) if b]
+    names = [n for n, b in zip(TRANSLATION_PRIMITIVES, _BITS_OF_LABEL[int(trans)], strict=True)
+             if b]
+    names += [n for n, b in zip(ROTATION_PRIMITIVES, _BITS_OF_LABEL[int(rot)], strict=True) if b]
     return "+".join(names) or "none"

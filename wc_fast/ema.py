@@ -46,12 +46,12 @@ def ema_update(old: nn.Module, current: nn.Module, decay: float) -> None:
     if len(old_params) != len(new_params):
         raise ValueError(f"old and current models differ: {len(old_params)} vs "
                          f"{len(new_params)} parameters")
-    for a, b in zip(old_params, new_params):
+    for a, b in zip(old_params, new_params, strict=True):
         if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
             raise ValueError(f"parameter mismatch between old and current model: "
                              f"{tuple(a.shape)} {a.dtype} {a.device} vs "
                              f"{tuple(b.shape)} {b.dtype} {b.device}")
     if old_params:
         torch._foreach_lerp_(old_params, new_params, 1.0 - decay)
-    for a, b in zip(old.buffers(), current.buffers()):
+    for a, b in zip(old.buffers(), current.buffers(), strict=True):
         a.copy_(b)

@@ -19,9 +19,12 @@ def _check_scores(name: str, s: object) -> Tensor:
     if s.dim() != 2 or s.shape[0] < 1 or s.shape[1] < 2:
         raise ValueError(f"{name} must have shape [B, G] with B >= 1 groups of G >= 2 "
                          f"candidates, got {tuple(s.shape)}")
+    return s
+
+
+def _check_finite(name: str, s: Tensor) -> None:
     if not bool(torch.isfinite(s).all()):
         raise ValueError(f"{name} must be finite; got NaN or inf (check the reward model)")
-    return s
 
 
 def _global_std(s: Tensor, process_group: dist.ProcessGroup | None) -> Tensor:
@@ -81,6 +84,8 @@ def optimality(
                          f"{tuple(s_vq.shape)}")
     if s_if.device != s_vq.device:
         raise ValueError(f"s_vq is on {s_vq.device} but s_if is on {s_if.device}")
+    _check_finite("s_if", s_if)
+    _check_finite("s_vq", s_vq)
     if not (isinstance(lam, (int, float)) and 0.0 <= lam <= 1.0):
         raise ValueError(f"lam must lie in [0, 1], got {lam!r}")
     if not (isinstance(Z, (int, float)) and math.isfinite(Z) and Z > 0):

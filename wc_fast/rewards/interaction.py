@@ -37,13 +37,16 @@ def _check_threshold(name: str, value: float) -> float:
 
 
 def relative_motion(c2w: Tensor) -> Tensor:
-    """``rel[i] = inv(c2w[i-1]) @ c2w[i]`` for i >= 1: ``[..., F+1, 4, 4]`` -> ``[..., F, 4, 4]``."""
+    """``rel[i] = inv(c2w[i-1]) @ c2w[i]``: ``[..., F+1, 4, 4]`` -> ``[..., F, 4, 4]`` (fp64)."""
     c2w = c2w.to(torch.float64)
     return torch.linalg.inv(c2w[..., :-1, :, :]) @ c2w[..., 1:, :, :]
 
 
 def _translation_bits(t: Tensor, thresholds: Tensor) -> Tensor:
-    """``t`` ``[..., F, 3]``, thresholds ``[M]`` -> bits ``[M, ..., F, 4]`` (fwd, back, right, left)."""
+    """``t`` ``[..., F, 3]``, thresholds ``[M]`` -> bits ``[M, ..., F, 4]``.
+
+    Bits are (forward, backward, right, left); a frame moves when ``|t|`` exceeds the threshold.
+    """
     norm = t.norm(dim=-1)
     moving = norm.unsqueeze(0) > thresholds.reshape(-1, *([1] * norm.dim()))
     unit = t / norm.clamp_min(torch.finfo(t.dtype).tiny).unsqueeze(-1)

@@ -1,0 +1,108 @@
+"""Presets reproduce DESIGN section 4; impossible values raise naming the field."""
+
+import json
+
+import pytest
+
+from wc_fast import config as C
+from wc_fast.cli import parse_run_args
+
+
+def test_paper_preset_values():
+    cfg = C.preset("paper")
+    assert cfg.rollout.group_size == 16 and cfg.nft.keep == 3
+    assert (cfg.rollout.steps, cfg.rollout.shift) == (40, 5.0)
+    assert cfg.nft.timestep_fraction == 0.5
+    assert (cfg.reward.lam, cfg.reward.Z, cfg.nft.beta) == (2 / 3, 2.0, 1.0)
+    assert cfg.reward.rot_threshold_deg == 1.0
+    assert cfg.reward.trans_thresholds == (0.01, 0.02, 0.03, 0.04, 0.05)
+    assert (cfg.reward.vq_mode, cfg.reward.vq_stride) == ("stride", 4)
+    assert (cfg.optim.optimizer, cfg.optim.lr) == ("muon", 1e-5)
+    assert (cfg.ema.schedule, cfg.ema.start, cfg.ema.end) == ("linear", 0.4, 0.8)
+    assert cfg.nft.loss_space == "velocity" and cfg.reward.std == "group"
+    assert cfg.nft.old_prediction == "old_model"
+
+
+def test_official_preset_values():
+    cfg = C.preset("official")
+    assert cfg.rollout.group_size == 12 and cfg.nft.keep == 3
+    assert (cfg.rollout.steps, cfg.rollout.shift, cfg.nft.timestep_fraction) == (40, 5.0, 0.5)
+    assert cfg.reward.rot_threshold_deg == 0.2
+    assert cfg.reward.trans_thresholds == (0.002, 0.005, 0.01)
+    assert cfg.reward.vq_mode == "drift" and cfg.reward.std == "global"
+    assert (cfg.optim.optimizer, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.grad_clip) == (
+        "muon_adamw", 1e-5, 1e-4, 2.0)
+    assert cfg.ema.schedule == "official" and cfg.nft.loss_space == "x0"
+    assert cfg.nft.old_prediction == "old_model"
+
+
+@pytest.mark.parametrize("name", C.PRESETS)
+def test_presets_validate_and_round_trip(name):
+    cfg = C.preset(name)
+    assert C.from_dict(json.loads(json.dumps(C.to_dict(cfg)))) == cfg
+
+
+def test_presets_are_independent_objects():
+    a, b = C.preset("cpu"), C.preset("cpu")
+    a.rollout.group_size = 10
+    assert b.rollout.group_size == 8
+
+
+def test_slots_reject_unknown_attributes():
+    with pytest.raises(AttributeError):
+        C.preset("paper").rollout.groupsize = 3
+
+
+@pytest.mark.parametrize("path,value,match", [
+    ("nft.keep", "9", "nft.keep"),
+    ("nft.timestep_fraction", "0", "nft.timestep_fraction"),
+    ("nft.timestep_fraction", "1.5", "nft.timestep_fraction"),
+    ("reward.rot_threshold_deg", "-1", "reward.rot_threshold_deg"),
+    ("reward.trans_thresholds", "0.1,-0.2", "reward.trans_thresholds"),
+    ("reward.lam", "2", "reward.lam"),
+    ("reward.std", "batch", "reward.std"),
+    ("rollout.group_size", "1", "rollout.group_size"),
+    ("model.dim", "100", "model.dim"),
+    ("optim.lr", "0", "optim.lr"),
+    ("ema.schedule", "cosine", "ema.schedule"),
+    ("nft.old_prediction", "current", "nft.old_prediction"),
+])
+def test_impossible_values_name_the_field(path, value, match):
+    cfg = C.preset("paper")
+    C.apply_override(cfg, path, value)
+    with pytest.raises(ValueError, match=match):
+        C.validate(cfg)
+
+
+def test_unknown_preset_and_fields():
+    with pytest.raises(ValueError, match="unknown preset 'fast'"):
+        C.preset("fast")
+    with pytest.raises(ValueError, match="unknown config field 'rollout.g'"):
+        C.apply_override(C.preset("paper"), "rollout.g", "3")
+    with pytest.raises(ValueError, match="unknown config field 'foo'"):
+        C.apply_override(C.preset("paper"), "foo", "3")
+    with pytest.raises(ValueError, match="cannot parse 'x' as int"):
+        C.apply_override(C.preset("paper"), "rollout.steps", "x")
+    with pytest.raises(ValueError, match="unknown config field nft.bogus"):
+        C.from_dict({"nft": {"bogus": 1}})
+
+
+def test_override_parsing():
+    cfg = C.preset("paper")
+    C.apply_override(cfg, "reward.trans_thresholds", "0.1, 0.2")
+    C.apply_override(cfg, "train.eval_at_end", "false")
+    C.apply_override(cfg, "optim.lr", "3e-4")
+    assert cfg.reward.trans_thresholds == (0.1, 0.2)
+    assert cfg.train.eval_at_end is False and cfg.optim.lr == 3e-4
+
+
+def test_cli_flags_and_overrides():
+    run = parse_run_args("t", "t", ["--preset", "smoke", "--steps", "5", "--out", "x",
+                                    "--rollout.steps=3", "--nft.beta", "0.5", "--resume"])
+    cfg = run.config
+    assert (cfg.preset, cfg.train.steps, cfg.train.out) == ("smoke", 5, "x")
+    assert (cfg.rollout.steps, cfg.nft.beta, run.resume) == (3, 0.5, True)
+    with pytest.raises(SystemExit):
+        parse_run_args("t", "t", ["--nft.keep", "5"])
+    with pytest.raises(SystemExit):
+        parse_run_args("t", "t", ["--preset", "huge"])

@@ -1,0 +1,229 @@
+"""The reference ops (the spec) against hand computations and independent closed forms."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from kernels import reference
+
+
+def _hand_example():
+    v_theta = torch.tensor([[1.0, 2.0]], dtype=torch.float64, requires_grad=True)
+    v_old = torch.tensor([[0.0, 1.0]], dtype=torch.float64)
+    v_target = torch.tensor([[1.0, 1.0]], dtype=torch.float64)
+    r = torch.tensor([0.75], dtype=torch.float64)
+    return v_theta, v_old, v_target, r
+
+
+def test_velocity_loss_hand_computed():
+    # v+ = [1, 2], v- = [-1, 0]; L = .75 * mean([0, 1]) + .25 * mean([4, 1]) = 1.0
+    v_theta, v_old, v_target, r = _hand_example()
+    loss = kernels.nft_loss(v_theta, v_old, v_target, r, backend="reference")
+    loss.backward()
+    assert loss.item() == pytest.approx(1.0, abs=1e-15)
+    torch.testing.assert_close(v_theta.grad, torch.tensor([[0.5, 1.0]], dtype=torch.float64))
+
+
+def test_x0_loss_hand_computed():
+    # sigma .5: e+ = [0, -.5], w+ = .25, L+ = .5; e- = [1, .5], w- = .75, L- = 5/6
+    v_theta, v_old, v_target, r = _hand_example()
+    sigma = torch.tensor([0.5], dtype=torch.float64)
+    loss = kernels.nft_loss(v_theta, v_old, v_target, r, sigma=sigma, space="x0",
+                            backend="reference")
+    loss.backward()
+    assert loss.item() == pytest.approx(0.75 * 0.5 + 0.25 * 5 / 6, abs=1e-15)
+    torch.testing.assert_close(v_theta.grad, torch.tensor([[1 / 6, 0.75 + 1 / 12]],
+                                                          dtype=torch.float64))
+
+
+def _closed_form(vt, vo, vs, r, beta, sigma, space):
+    """Per-sample loss and dL_i/dv_theta in float64 numpy, derived by hand."""
+    d = vt.shape[1]
+    vp = (1 - beta) * vo + beta * vt
+    vn = (1 + beta) * vo - beta * vt
+    r = r[:, None]
+    if space == "velocity":
+        loss = r[:, 0] * ((vp - vs) ** 2).mean(1) + (1 - r[:, 0]) * ((vn - vs) ** 2).mean(1)
+        grad = 2 * beta / d * (r * (vp - vs) - (1 - r) * (vn - vs))
+        return loss, grad
+    s = sigma[:, None]
+    ep, en = -s * (vp - vs), -s * (vn - vs)
+    wp = np.maximum(np.abs(ep).mean(1, keepdims=True), 1e-5)
+    wn = np.maximum(np.abs(en).mean(1, keepdims=True), 1e-5)
+    loss = r[:, 0] * (ep**2).mean(1) / wp[:, 0] + (1 - r[:, 0]) * (en**2).mean(1) / wn[:, 0]
+    grad = 2 / d * (r * ep * (-s * beta) / wp + (1 - r) * en * (s * beta) / wn)
+    return loss, grad
+
+
+@pytest.mark.parametrize("space", ["velocity", "x0"])
+@pytest.mark.parametrize("beta", [1.0, 0.5])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 2, 3, 4)])
+def test_reference_matches_closed_form(space, beta, shape):
+    g = torch.Generator().manual_seed(sum(shape))
+    vt, vo, vs = (torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(3))
+    r = torch.rand(shape[0], generator=g, dtype=torch.float64)
+    r[0] = 0.0 if shape[0] == 1 else r[0]
+    sigma = torch.rand(shape[0], generator=g, dtype=torch.float64)
+    vt.requires_grad_(True)
+    loss = kernels.nft_loss(vt, vo, vs, r, beta=beta, sigma=sigma, space=space,
+                            reduction="none", backend="reference")
+    weights = torch.rand(shape[0], generator=g, dtype=torch.float64)
+    (loss * weights).sum().backward()
+    flat = [t.detach().reshape(shape[0], -1).numpy() for t in (vt, vo, vs)]
+    want_loss, want_grad = _closed_form(*flat, r.numpy(), beta, sigma.numpy(), space)
+    np.testing.assert_allclose(loss.detach().numpy(), want_loss, rtol=1e-12)
+    np.testing.assert_allclose(vt.grad.reshape(shape[0], -1).numpy(),
+                               want_grad * weights.numpy()[:, None], rtol=1e-10, atol=1e-14)
+
+
+def test_reductions_and_dtypes():
+    vt, vo, vs = (torch.randn(4, 10, dtype=torch.float16) for _ in range(3))
+    r = torch.rand(4)
+    per = kernels.nft_loss(vt, vo, vs, r, reduction="none", backend="reference")
+    assert per.shape == (4,) and per.dtype == torch.float32
+    mean = kernels.nft_loss(vt, vo, vs, r, backend="reference")
+    total = kernels.nft_loss(vt, vo, vs, r, reduction="sum", backend="reference")
+    torch.testing.assert_close(mean, per.mean())
+    torch.testing.assert_close(total, per.sum())
+
+
+def test_only_v_theta_gets_a_gradient():
+    vt, vo, vs = (torch.randn(2, 5, requires_grad=True) for _ in range(3))
+    r = torch.rand(2, requires_grad=True)
+    sigma = torch.rand(2, requires_grad=True)
+    kernels.nft_loss(vt, vo, vs, r, sigma=sigma, space="x0", backend="reference").backward()
+    assert vt.grad is not None
+    assert vo.grad is None and vs.grad is None and r.grad is None and sigma.grad is None
+
+
+def test_nft_loss_gradcheck_velocity():
+    """Finite differences apply in velocity space only: x0 space stops the gradient of w."""
+    vt = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    vo, vs = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)
+    r = torch.tensor([0.0, 0.4, 1.0], dtype=torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda v: kernels.nft_loss(v, vo, vs, r, beta=0.5, backend="reference"), (vt,))
+
+
+def test_flow_noise_row_order():
+    x0 = torch.tensor([[1.0], [2.0]])
+    sigmas = torch.tensor([[0.0, 0.5, 1.0], [0.25, 0.75, 1.0]])
+    noise = torch.arange(6.0).reshape(6, 1) * 10
+    x_t, v = kernels.flow_noise(x0, sigmas, noise, backend="reference")
+    want_xt = [1.0, 0.5 * 1 + 0.5 * 10, 20.0, 0.75 * 2 + 0.25 * 30, 0.25 * 2 + 0.75 * 40, 50.0]
+    assert x_t[:, 0].tolist() == pytest.approx(want_xt)
+    assert v[:, 0].tolist() == pytest.approx([-1.0, 9.0, 19.0, 28.0, 38.0, 48.0])
+
+
+def test_flow_noise_generates_noise_from_a_generator():
+    x0 = torch.randn(2, 3, 4)
+    sigmas = torch.rand(2, 5)
+    a = kernels.flow_noise(x0, sigmas, generator=torch.Generator().manual_seed(1))
+    b = kernels.flow_noise(x0, sigmas, generator=torch.Generator().manual_seed(1))
+    assert a[0].shape == (10, 3, 4)
+    torch.testing.assert_close(a, b)
+    eps = a[1] + x0.repeat_interleave(5, 0)
+    torch.testing.assert_close(a[0], (1 - sigmas.reshape(10, 1, 1)) * x0.repeat_interleave(5, 0)
+                               + sigmas.reshape(10, 1, 1) * eps)
+
+
+@pytest.mark.parametrize("p,lq,lk", [(0, 3, 3), (5, 4, 2), (7, 1, 6), (3, 5, 0)])
+def test_prefix_attention_matches_sdpa_with_replicated_prefix(p, lq, lk):
+    g = torch.Generator().manual_seed(p * 100 + lq * 10 + lk)
+    b, h, d = 3, 2, 8
+    q = torch.randn(b, h, lq, d, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(b, h, lk, d, generator=g, dtype=torch.float64, requires_grad=True)
+            for _ in range(2))
+    pk, pv = (torch.randn(1, h, p, d, generator=g, dtype=torch.float64, requires_grad=True)
+              for _ in range(2))
+    out = kernels.prefix_attention(q, k, v, pk, pv, backend="reference")
+    inputs = (q, k, v, pk, pv)
+    grads = torch.autograd.grad(out.sum() * 1.0 + (out**2).sum(), inputs)
+    keys = torch.cat([pk.expand(b, -1, -1, -1), k], 2)
+    values = torch.cat([pv.expand(b, -1, -1, -1), v], 2)
+    want = F.scaled_dot_product_attention(q, keys, values)
+    want_grads = torch.autograd.grad(want.sum() * 1.0 + (want**2).sum(), inputs)
+    torch.testing.assert_close(out, want)
+    for got, exp in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(got, exp)
+
+
+def test_prefix_attention_low_precision_output_dtype():
+    q, k, v = (torch.randn(2, 2, 3, 4, dtype=torch.bfloat16) for _ in range(3))
+    pk, pv = (torch.randn(1, 2, 5, 4, dtype=torch.bfloat16) for _ in range(2))
+    out = kernels.prefix_attention(q, k, v, pk, pv, backend="reference")
+    assert out.dtype == torch.bfloat16
+    want = reference.prefix_attention(*(t.double() for t in (q, k, v, pk, pv)))
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+
+
+def _nft_args(**over):
+    args = {"v_theta": torch.randn(2, 3), "v_old": torch.randn(2, 3),
+            "v_target": torch.randn(2, 3), "r": torch.rand(2)}
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,err,match", [
+    ({"v_old": torch.randn(2, 4)}, ValueError, "v_old must have the shape"),
+    ({"v_target": torch.randn(2, 3, dtype=torch.float64)}, TypeError, "v_target must have the"),
+    ({"v_old": torch.randn(2, 3, device="meta")}, ValueError, "v_old is on meta"),
+    ({"v_theta": torch.ones(2, 3, dtype=torch.long)}, TypeError, "v_theta must have dtype"),
+    ({"r": torch.rand(3)}, ValueError, r"r must have shape \(2,\)"),
+    ({"r": torch.tensor([0.5, 1.5])}, ValueError, r"r must lie in \[0.0, 1.0\]"),
+    ({"r": torch.tensor([0.5, float("nan")])}, ValueError, "r must be finite"),
+    ({"r": torch.tensor([0.5, float("inf")])}, ValueError, "r must be finite"),
+    ({"v_theta": [1.0, 2.0]}, TypeError, "v_theta must be a torch.Tensor"),
+])
+def test_nft_loss_bad_inputs(over, err, match):
+    with pytest.raises(err, match=match):
+        kernels.nft_loss(**_nft_args(**over), backend="reference")
+
+
+def test_nft_loss_bad_options():
+    with pytest.raises(ValueError, match="sigma"):
+        kernels.nft_loss(**_nft_args(), space="x0")
+    with pytest.raises(ValueError, match="space"):
+        kernels.nft_loss(**_nft_args(), space="eps")
+    with pytest.raises(ValueError, match="reduction"):
+        kernels.nft_loss(**_nft_args(), reduction="max")
+    with pytest.raises(TypeError, match="beta"):
+        kernels.nft_loss(**_nft_args(), beta=float("nan"))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        kernels.nft_loss(**_nft_args(), backend="cuda")
+    with pytest.raises(ValueError, match="sigma must have shape"):
+        kernels.nft_loss(**_nft_args(), space="x0", sigma=torch.rand(3))
+    with pytest.raises(ValueError, match="non-empty"):
+        kernels.nft_loss(torch.empty(0, 3), torch.empty(0, 3), torch.empty(0, 3), torch.rand(0))
+
+
+def test_flow_noise_bad_inputs():
+    x0 = torch.randn(2, 3)
+    with pytest.raises(ValueError, match=r"sigmas must have shape \[S, K\]"):
+        kernels.flow_noise(x0, torch.rand(3, 2))
+    with pytest.raises(ValueError, match="sigmas must lie"):
+        kernels.flow_noise(x0, torch.full((2, 2), 1.5))
+    with pytest.raises(ValueError, match="noise must have shape"):
+        kernels.flow_noise(x0, torch.rand(2, 2), torch.randn(2, 3))
+    with pytest.raises(TypeError, match="noise must have the dtype"):
+        kernels.flow_noise(x0, torch.rand(2, 2), torch.randn(4, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="non-empty"):
+        kernels.flow_noise(x0, torch.rand(2, 0))
+
+
+def test_prefix_attention_bad_inputs():
+    q = torch.randn(2, 2, 3, 4)
+    pk = torch.randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match=r"prefix_k must have shape \[1, H=2, P, D=4\]"):
+        kernels.prefix_attention(q, q, q, pk.expand(2, -1, -1, -1), pk)
+    with pytest.raises(ValueError, match="k must have shape"):
+        kernels.prefix_attention(q, torch.randn(2, 3, 3, 4), torch.randn(2, 3, 3, 4), pk, pk)
+    with pytest.raises(TypeError, match="prefix_v must have the dtype"):
+        kernels.prefix_attention(q, q, q, pk, pk.double())
+    with pytest.raises(ValueError, match=r"q must have shape \[B, H, L, D\]"):
+        kernels.prefix_attention(q[0], q, q, pk, pk)
+    empty = torch.randn(1, 2, 0, 4)
+    with pytest.raises(ValueError, match="at least one key"):
+        kernels.prefix_attention(q, q[:, :, :0], q[:, :, :0], empty, empty)
