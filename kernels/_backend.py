@@ -2,7 +2,9 @@
 
 ``reference`` is plain PyTorch (the spec), ``triton`` the fused Triton kernels (CUDA, or CPU
 tensors under ``TRITON_INTERPRET=1``), ``native`` the C++ CPU extension built from ``csrc/``.
-``auto`` picks triton for CUDA tensors, native for CPU tensors when it is built, else reference.
+Attention only: ``split`` (two fused partial attentions merged by LSE, CPU) and ``flex``
+(FlexAttention with a block mask; CUDA, forward-only on CPU).
+``auto`` takes the first implemented and runnable backend in :data:`AUTO_ORDER` for the device.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import os
 
 import torch
 
-BACKENDS = ("auto", "reference", "triton", "native")
+BACKENDS = ("auto", "reference", "triton", "native", "split", "flex")
+AUTO_ORDER = {"cuda": ("triton", "flex"), "cpu": ("native", "split")}
 
 
 def triton_interpreting() -> bool:
@@ -54,6 +57,12 @@ def unavailable_reason(backend: str, device: torch.device) -> str | None:
             return ("the native extension kernels._native is not built; reinstall with "
                     "pip install --no-build-isolation -e . (without WC_FAST_NO_NATIVE=1)")
         return None
+    if backend == "split":
+        return None if device.type == "cpu" else f"split runs on CPU tensors, not {device.type}"
+    if backend == "flex":
+        if not _importable("torch.nn.attention.flex_attention"):
+            return "this torch has no FlexAttention (torch >= 2.5 needed)"
+        return None
     return f"unknown backend {backend!r}; expected one of {BACKENDS}"
 
 
@@ -62,8 +71,7 @@ def resolve(op: str, backend: str, device: torch.device, implemented: tuple[str,
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        preferred = ("triton",) if device.type == "cuda" else ("native",)
-        for candidate in (*preferred, "reference"):
+        for candidate in (*AUTO_ORDER.get(device.type, ()), "reference"):
             if candidate in implemented and unavailable_reason(candidate, device) is None:
                 return candidate
         return "reference"

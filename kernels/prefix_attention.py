@@ -6,8 +6,11 @@ from torch import Tensor
 
 from kernels import _checks, reference
 from kernels._backend import resolve
+from kernels._prefix_flex import flex_prefix_attention
+from kernels._prefix_split import split_prefix_attention
 
-IMPLEMENTED = ("reference",)
+IMPLEMENTED = ("reference", "split", "flex")
+_FAST = {"split": split_prefix_attention, "flex": flex_prefix_attention}
 
 
 def _check_inputs(q, k, v, prefix_k, prefix_v) -> None:
@@ -49,10 +52,12 @@ def prefix_attention(
 
     ``q`` ``[B, H, L, D]``, ``k, v`` ``[B, H, Lk, D]``, ``prefix_k, prefix_v`` ``[1, H, P, D]``
     (``P`` may be 0) -> ``[B, H, L, D]``. ``scale`` defaults to ``D ** -0.5``. Differentiable
-    in all five inputs; the prefix gradient is summed over rows.
+    in all five inputs (``flex`` on CPU: forward only); the prefix gradient is summed over rows.
+    Every backend but ``reference`` keeps a single copy of the prefix.
     """
     _check_inputs(q, k, v, prefix_k, prefix_v)
     chosen = resolve("prefix_attention", backend, q.device, IMPLEMENTED)
     if chosen == "reference":
         return reference.prefix_attention(q, k, v, prefix_k, prefix_v, scale=scale)
-    raise AssertionError(chosen)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return _FAST[chosen](q, k, v, prefix_k, prefix_v, scale)

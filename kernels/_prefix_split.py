@@ -1,0 +1,101 @@
+"""Shared-prefix attention as two fused partial attentions merged by log-sum-exp (Hydragen).
+
+All ``B`` query rows are folded into one sequence ``[1, H, B*L, D]`` that attends to the single
+prefix copy ``[1, H, P, D]``; each row also attends to its own keys ``[B, H, Lk, D]``. The two
+partial outputs are merged in fp32 with their natural-log LSEs. Backward runs each partial's
+ordinary attention backward with the MERGED output and LSE, which gives exactly the gradient
+of softmax attention over the union of keys (the xformers ``merge_training`` construction).
+
+Partial attentions use PyTorch's fused CPU flash-attention kernels, which return the LSE; no
+library exposes "attention over a shared prefix plus per-row keys with gradients" on CPU, hence
+this small autograd function.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def fold_rows(x: Tensor) -> Tensor:
+    """``[B, H, L, ...]`` -> ``[1, H, B*L, ...]``: all rows as one query sequence."""
+    b, h, length = x.shape[:3]
+    return x.transpose(0, 1).reshape(1, h, b * length, *x.shape[3:])
+
+
+def unfold_rows(x: Tensor, b: int) -> Tensor:
+    """Inverse of :func:`fold_rows`."""
+    h, bl = x.shape[1:3]
+    return x.reshape(h, b, bl // b, *x.shape[3:]).transpose(0, 1)
+
+
+def merge_partials(o1: Tensor, lse1: Tensor, o2: Tensor, lse2: Tensor, out_dtype: torch.dtype
+                   ) -> tuple[Tensor, Tensor]:
+    """Merge two partial attentions over disjoint key sets: ``(out [.., D], lse [..])``.
+
+    Arithmetic in fp32 (fp64 for fp64 outputs); an empty side must come with LSE = -inf.
+    """
+    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
+    lse1, lse2 = lse1.to(acc), lse2.to(acc)
+    m = torch.maximum(lse1, lse2)
+    w1 = torch.exp(lse1 - m).unsqueeze(-1)
+    w2 = torch.exp(lse2 - m).unsqueeze(-1)
+    total = w1 + w2
+    out = (o1.to(acc) * w1 + o2.to(acc) * w2) / total
+    return out.to(out_dtype), m + torch.log(total.squeeze(-1))
+
+
+def _lse_dtype(q: Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+class SplitPrefixAttention(torch.autograd.Function):
+    """Autograd of shared-prefix attention; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, prefix_k, prefix_v, scale):
+        b, p, lk = q.shape[0], prefix_k.shape[2], k.shape[2]
+        parts = []
+        if p > 0:
+            o1, lse1 = _flash(fold_rows(q), prefix_k, prefix_v, scale=scale)
+            parts.append((unfold_rows(o1, b), unfold_rows(lse1, b)))
+        if lk > 0:
+            parts.append(_flash(q, k, v, scale=scale))
+        if len(parts) == 2:
+            out, lse = merge_partials(*parts[0], *parts[1], q.dtype)
+        else:
+            out, lse = parts[0][0].contiguous(), parts[0][1].to(_lse_dtype(q))
+        ctx.save_for_backward(q, k, v, prefix_k, prefix_v, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, prefix_k, prefix_v, out, lse = ctx.saved_tensors
+        b, p, lk = q.shape[0], prefix_k.shape[2], k.shape[2]
+        grad_out = grad_out.contiguous()
+        dq = torch.zeros_like(q)
+        dk = dv = dpk = dpv = None
+        if p > 0:
+            dq1, dpk, dpv = _flash_backward(fold_rows(grad_out), fold_rows(q), prefix_k,
+                                            prefix_v, fold_rows(out), fold_rows(lse), 0.0,
+                                            False, scale=ctx.scale)
+            dq += unfold_rows(dq1, b)
+        else:
+            dpk, dpv = torch.zeros_like(prefix_k), torch.zeros_like(prefix_v)
+        if lk > 0:
+            dq2, dk, dv = _flash_backward(grad_out, q, k, v, out, lse, 0.0, False,
+                                          scale=ctx.scale)
+            dq += dq2
+        else:
+            dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        return dq, dk, dv, dpk, dpv, None
+
+
+def split_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
+                           scale: float) -> Tensor:
+    """``[B, H, L, D]`` attention over ``cat(prefix, own keys)`` without replicating the prefix."""
+    return SplitPrefixAttention.apply(q, k, v, prefix_k, prefix_v, scale)
