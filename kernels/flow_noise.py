@@ -8,7 +8,13 @@ from torch import Tensor
 from kernels import _checks, reference
 from kernels._backend import resolve
 
-IMPLEMENTED = ("reference",)
+IMPLEMENTED = ("reference", "triton", "native")
+
+
+@torch.compiler.assume_constant_result
+def _resolve(backend: str, device: torch.device) -> str:
+    """The backend to run; a trace-time constant under ``torch.compile``."""
+    return resolve("flow_noise", backend, device, IMPLEMENTED)
 
 
 def _check_inputs(x0, sigmas, noise) -> None:
@@ -50,7 +56,12 @@ def flow_noise(
     if noise is None:
         noise = torch.randn((s * k, *x0.shape[1:]), generator=generator, device=x0.device,
                             dtype=x0.dtype)
-    chosen = resolve("flow_noise", backend, x0.device, IMPLEMENTED)
+    chosen = _resolve(backend, x0.device)
     if chosen == "reference":
         return reference.flow_noise(x0, sigmas, noise)
-    raise AssertionError(chosen)
+    from kernels import _ops
+
+    op = _ops.op_for(_ops.FLOW_NOISE, chosen, x0.device)
+    x_t, v_target = op(x0.reshape(s, -1), sigmas, noise.reshape(s * k, -1))
+    shape = (s * k, *x0.shape[1:])
+    return x_t.view(shape), v_target.view(shape)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
 from kernels import _checks, reference
@@ -11,7 +12,13 @@ from kernels._backend import resolve
 
 SPACES = ("velocity", "x0")
 REDUCTIONS = ("mean", "sum", "none")
-IMPLEMENTED = ("reference",)
+IMPLEMENTED = ("reference", "triton", "native")
+
+
+@torch.compiler.assume_constant_result
+def _resolve(backend: str, device: torch.device) -> str:
+    """The backend to run; a trace-time constant under ``torch.compile``."""
+    return resolve("nft_loss", backend, device, IMPLEMENTED)
 
 
 def _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction) -> None:
@@ -60,10 +67,18 @@ def nft_loss(
     (``"mean"``), summed (``"sum"``) or per sample ``[B]`` (``"none"``).
     """
     _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction)
-    chosen = resolve("nft_loss", backend, v_theta.device, IMPLEMENTED)
+    chosen = _resolve(backend, v_theta.device)
     if chosen == "reference":
         per_sample = reference.nft_loss(v_theta, v_old, v_target, r, beta=float(beta),
                                         sigma=sigma, space=space)
+    else:
+        from kernels import _ops
+
+        b = v_theta.shape[0]
+        op = _ops.op_for(_ops.NFT_LOSS, chosen, v_theta.device)
+        x0 = space == "x0"
+        per_sample, _ = op(v_theta.reshape(b, -1), v_old.reshape(b, -1), v_target.reshape(b, -1),
+                           r, sigma if x0 else None, float(beta), x0)
     if reduction == "mean":
         return per_sample.mean()
     if reduction == "sum":

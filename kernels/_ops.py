@@ -1,0 +1,166 @@
+"""torch.library registration of the fused ops, with their fake kernels and autograd.
+
+=============================  ======  ==============================================
+op                             CUDA    CPU
+=============================  ======  ==============================================
+``wc_fast::nft_loss_fwd``      Triton  native (``kernels._native``) when it is built,
+``wc_fast::flow_noise``                else Triton under ``TRITON_INTERPRET=1``
+``wc_fast::nft_loss_fwd_triton``  Triton  Triton under ``TRITON_INTERPRET=1``
+``wc_fast::flow_noise_triton``
+=============================  ======  ==============================================
+
+The ``_triton`` twins exist so that ``backend="triton"`` reaches the Triton kernels on CPU
+tensors even when the native kernel owns the CPU dispatch key of the main op; every op of a
+pair gets the same fake kernel and the same autograd formula. The Triton implementations are
+``torch.library.triton_op`` so ``torch.compile`` sees (and can inline) the kernels. Without
+``triton`` installed only the native CPU kernels are registered; with neither, no op is.
+
+Signatures (all tensors 2-D, rows flattened by the public ops in :mod:`kernels.nft_loss` and
+:mod:`kernels.flow_noise`):
+
+- ``nft_loss_fwd(v_theta, v_old, v_target [B, D], r [B], sigma [B] | None, beta, x0)
+  -> (loss [B] fp32 (fp64 for fp64 inputs), grad [B, D])`` with ``grad[i] = dL_i/dv_theta[i]``.
+  Backward: ``dv_theta = grad * grad_loss[:, None]``; the other inputs get no gradient.
+- ``flow_noise(x0 [S, D], sigmas [S, K], noise [S*K, D]) -> (x_t, v_target [S*K, D])``.
+  Backward: ``dx0[s] = sum_j (1 - sig[s, j]) g_xt[s*K+j] - g_v[s*K+j]``,
+  ``dnoise = sig * g_xt + g_v``, ``dsigmas[s, j] = <g_xt[s*K+j], v_target[s*K+j]>``.
+"""
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kernels._backend import native_built, triton_interpreting
+
+try:
+    import triton  # noqa: F401
+except ImportError:
+    HAVE_TRITON = False
+else:
+    HAVE_TRITON = True
+
+NFT_LOSS = "wc_fast::nft_loss_fwd"
+FLOW_NOISE = "wc_fast::flow_noise"
+TRITON_TWIN = "_triton"
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# nft_loss_fwd -----------------------------------------------------------------------------
+
+def _nft_native(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
+                sigma: Tensor | None, beta: float, x0: bool) -> tuple[Tensor, Tensor]:
+    from kernels import _native
+
+    sig = None if sigma is None else sigma.to(torch.float32).contiguous()
+    return _native.nft_loss_fwd(v_theta.contiguous(), v_old.contiguous(), v_target.contiguous(),
+                                r.to(torch.float32).contiguous(), sig, beta, x0)
+
+
+def _nft_fake(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
+              sigma: Tensor | None, beta: float, x0: bool) -> tuple[Tensor, Tensor]:
+    loss = v_theta.new_empty(v_theta.shape[0], dtype=_acc(v_theta.dtype))
+    return loss, torch.empty_like(v_theta, memory_format=torch.contiguous_format)
+
+
+def _nft_setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    ctx.save_for_backward(output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _nft_backward(ctx: Any, grad_loss: Tensor, _grad_grad: Tensor | None) -> tuple:
+    (grad,) = ctx.saved_tensors
+    dv_theta = (grad.to(grad_loss.dtype) * grad_loss.unsqueeze(1)).to(grad.dtype)
+    return dv_theta, None, None, None, None, None, None
+
+
+# flow_noise --------------------------------------------------------------------------------
+
+def _flow_native(x0: Tensor, sigmas: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    from kernels import _native
+
+    return _native.flow_noise(x0.contiguous(), sigmas.to(torch.float32).contiguous(),
+                              noise.contiguous())
+
+
+def _flow_fake(x0: Tensor, sigmas: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    shape = (sigmas.shape[0] * sigmas.shape[1], x0.shape[1])
+    return x0.new_empty(shape), x0.new_empty(shape)
+
+
+def _flow_setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    x0, sigmas, _ = inputs
+    ctx.save_for_backward(sigmas, output[1])
+    ctx.x0_dtype = x0.dtype
+
+
+def _flow_backward(ctx: Any, g_xt: Tensor, g_v: Tensor) -> tuple:
+    sigmas, v_target = ctx.saved_tensors
+    acc = _acc(ctx.x0_dtype)
+    s, k = sigmas.shape
+    sig = sigmas.to(acc).reshape(s * k, 1)
+    g_xt, g_v = g_xt.to(acc), g_v.to(acc)
+    d_x0 = d_noise = d_sig = None
+    if ctx.needs_input_grad[0]:
+        d_x0 = ((1.0 - sig) * g_xt - g_v).reshape(s, k, -1).sum(dim=1).to(ctx.x0_dtype)
+    if ctx.needs_input_grad[1]:
+        d_sig = (g_xt * v_target.to(acc)).sum(dim=1).reshape(s, k).to(sigmas.dtype)
+    if ctx.needs_input_grad[2]:
+        d_noise = (sig * g_xt + g_v).to(ctx.x0_dtype)
+    return d_x0, d_sig, d_noise
+
+
+# registration ------------------------------------------------------------------------------
+
+def _define(name: str, launch: Any, native_impl: Any, native: bool) -> Any:
+    """Op ``name`` running the Triton ``launch`` (on CPU: ``native_impl`` when ``native``).
+
+    Under ``TRITON_INTERPRET=1`` the kernels are plain Python that cannot be traced, so the op
+    is an opaque ``custom_op`` there (compiled graphs call it and use its fake kernel).
+    """
+    if not HAVE_TRITON:
+        return torch.library.custom_op(name, native_impl, mutates_args=(), device_types="cpu")
+    define = torch.library.custom_op if triton_interpreting() else torch.library.triton_op
+    op = define(name, launch, mutates_args=())
+    if native:
+        op.register_kernel("cpu", native_impl)
+    return op
+
+
+def _define_nft(name: str, native: bool) -> Any:
+    launch = None
+    if HAVE_TRITON:
+        from kernels._triton.nft_loss import nft_loss_fwd as launch
+    op = _define(name, launch, _nft_native, native)
+    op.register_fake(_nft_fake)
+    op.register_autograd(_nft_backward, setup_context=_nft_setup_context)
+    return op
+
+
+def _define_flow(name: str, native: bool) -> Any:
+    launch = None
+    if HAVE_TRITON:
+        from kernels._triton.flow_noise import flow_noise as launch
+    op = _define(name, launch, _flow_native, native)
+    op.register_fake(_flow_fake)
+    op.register_autograd(_flow_backward, setup_context=_flow_setup_context)
+    return op
+
+
+NATIVE = native_built()
+OPS: dict[str, Any] = {}
+if HAVE_TRITON or NATIVE:
+    OPS[NFT_LOSS] = _define_nft(NFT_LOSS, NATIVE)
+    OPS[FLOW_NOISE] = _define_flow(FLOW_NOISE, NATIVE)
+if HAVE_TRITON:
+    OPS[NFT_LOSS + TRITON_TWIN] = _define_nft(NFT_LOSS + TRITON_TWIN, native=False)
+    OPS[FLOW_NOISE + TRITON_TWIN] = _define_flow(FLOW_NOISE + TRITON_TWIN, native=False)
+
+
+def op_for(name: str, backend: str, device: torch.device) -> Any:
+    """The registered op that runs ``backend`` ("triton" or "native") for ``device`` tensors."""
+    twin = backend == "triton" and device.type == "cpu"
+    return OPS[name + TRITON_TWIN if twin else name]

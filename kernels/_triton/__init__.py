@@ -1,0 +1,67 @@
+"""Fused Triton kernels of the drop-in ops, and the launch configurations they share.
+
+The kernels and their launchers live in :mod:`kernels._triton.nft_loss` and
+:mod:`kernels._triton.flow_noise`; importing this package imports ``triton``.
+
+On CUDA the block size and warp count are fixed per kernel (so ``python -m kernels.aot`` can
+compile exactly the configurations that run), and long rows are split into chunks so that a
+batch of a few huge rows still fills every SM. Under ``TRITON_INTERPRET=1`` every program
+instance costs milliseconds, so blocks are as large as the rows allow, capped to keep numpy
+temporaries small; rows longer than a few blocks are still split, so the CPU tests exercise the
+split path.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET_MAX_BLOCK = 1 << 14
+INTERPRET_BLOCKS_PER_CHUNK = 4
+PROGRAMS_PER_SM = 4
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """Grid ``(rows, n_splits)``: program ``(i, c)`` handles ``chunk`` elements of row ``i``."""
+
+    block: int
+    chunk: int
+    n_splits: int
+    num_warps: int
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: fp64 for fp64 inputs, fp32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def tl_acc(dtype: torch.dtype) -> tl.dtype:
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def interpret_block(n: int) -> int:
+    """Block size for ``n`` elements under the interpreter: a power of two, 16 to 2**14."""
+    return min(INTERPRET_MAX_BLOCK, max(16, triton.next_power_of_2(n)))
+
+
+def row_split(rows: int, d: int, device: torch.device, gpu_block: int, gpu_warps: int) -> RowSplit:
+    """Split ``rows`` rows of ``d`` elements into chunks of whole blocks (see module doc)."""
+    if device.type == "cuda":
+        block = gpu_block
+        target = PROGRAMS_PER_SM * _sm_count(device.index or 0)
+        splits = max(1, min(triton.cdiv(target, rows), triton.cdiv(d, block)))
+        chunk = triton.cdiv(triton.cdiv(d, splits), block) * block
+    else:
+        block = interpret_block(d)
+        chunk = min(triton.cdiv(d, block), INTERPRET_BLOCKS_PER_CHUNK) * block
+    return RowSplit(block, chunk, triton.cdiv(d, chunk), gpu_warps)
