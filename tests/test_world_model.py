@@ -1,0 +1,149 @@
+"""TinyWorldDiT: shared-cache batching, block-causal cache, gradients, shape errors."""
+
+import pytest
+import torch
+
+from wc_fast.config import ModelConfig
+from wc_fast.models import PROMPT_ACTION, ContextCache, TinyWorldDiT, WorldModel
+
+CFG = ModelConfig(resolution=16, channels=3, clip_frames=2, patch=4, dim=48, depth=2, heads=3)
+
+
+def _model(cfg: ModelConfig = CFG, backend: str = "auto", seed: int = 0) -> TinyWorldDiT:
+    """A model whose zero-initialised (adaLN-Zero) layers are randomised, so every path matters."""
+    torch.manual_seed(seed)
+    model = TinyWorldDiT(cfg, attention_backend=backend).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.any():
+                p.normal_(std=0.1)
+    return model
+
+
+def _history(clips: int, cfg: ModelConfig = CFG, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    frames = torch.randn(1, 1 + clips * cfg.clip_frames, 3, cfg.resolution, cfg.resolution,
+                         generator=g, dtype=torch.float64)
+    actions = torch.randint(0, 81, (1, frames.shape[1]), generator=g)
+    return frames, actions
+
+
+def test_is_a_world_model():
+    assert isinstance(_model(), WorldModel)
+
+
+def test_batched_candidates_equal_separate_forwards_with_own_cache_copies():
+    model = _model()
+    frames, actions = _history(2)
+    cache = model.extend_cache(model.empty_cache(), frames, actions, sigma=0.014)
+    g = 5
+    x = torch.randn(g, 2, 3, 16, 16, dtype=torch.float64)
+    sigma = torch.rand(g, dtype=torch.float64)
+    clip_actions = torch.randint(0, 81, (g, 2))
+    with torch.no_grad():
+        batched = model.velocity(x, sigma, clip_actions, cache)
+        for i in range(g):
+            own = ContextCache([k.clone() for k in cache.keys], [v.clone() for v in cache.values],
+                               cache.num_frames, cache.signature)
+            single = model.velocity(x[i:i + 1], sigma[i:i + 1], clip_actions[i:i + 1], own)
+            torch.testing.assert_close(batched[i:i + 1], single, rtol=1e-10, atol=1e-10)
+
+
+def test_shared_prefix_backends_agree_with_replicated_reference():
+    frames, actions = _history(2)
+    x = torch.randn(3, 2, 3, 16, 16, dtype=torch.float64)
+    sigma = torch.rand(3, dtype=torch.float64)
+    outs = []
+    for backend in ("reference", "split"):
+        model = _model(backend=backend)
+        cache = model.extend_cache(model.empty_cache(), frames, actions, sigma=0.014)
+        with torch.no_grad():
+            outs.append(model.velocity(x, sigma, actions[0, 1:3], cache))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-9, atol=1e-9)
+
+
+def test_clip_by_clip_cache_equals_one_block_causal_forward():
+    model = _model()
+    frames, actions = _history(3)
+    with torch.no_grad():
+        step = model.empty_cache()
+        step = model.extend_cache(step, frames[:, :1], actions[:, :1], sigma=0.014)
+        for c in range(3):
+            sl = slice(1 + 2 * c, 3 + 2 * c)
+            step = model.extend_cache(step, frames[:, sl], actions[:, sl], sigma=0.014)
+        parallel = model.build_cache_parallel(frames, actions, sigma=0.014)
+    assert step.num_frames == parallel.num_frames == 7
+    assert step.num_tokens == 7 * model.tokens_per_frame
+    for a, b in zip(step.keys + step.values, parallel.keys + parallel.values, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_history_changes_the_prediction_but_future_history_does_not_leak():
+    model = _model()
+    frames, actions = _history(2)
+    x = torch.randn(2, 2, 3, 16, 16, dtype=torch.float64)
+    sigma = torch.full((2,), 0.5, dtype=torch.float64)
+    with torch.no_grad():
+        c1 = model.extend_cache(model.empty_cache(), frames, actions, sigma=0.0)
+        altered = frames.clone()
+        altered[:, 1:3] += 1.0
+        c2 = model.extend_cache(model.empty_cache(), altered, actions, sigma=0.0)
+        assert not torch.allclose(model.velocity(x, sigma, actions[0, :2], c1),
+                                  model.velocity(x, sigma, actions[0, :2], c2))
+        short = model.extend_cache(model.empty_cache(), frames[:, :3], actions[:, :3], sigma=0.0)
+        longer = model.extend_cache(model.empty_cache(), frames, actions, sigma=0.0)
+    for a, b in zip(short.keys, longer.keys, strict=True):
+        torch.testing.assert_close(a, b[:, :, : a.shape[2]])
+
+
+@pytest.mark.parametrize("context_grad", [False, True])
+def test_gradients_reach_parameters(context_grad):
+    model = _model()
+    frames, actions = _history(1)
+    with torch.set_grad_enabled(context_grad):
+        cache = model.extend_cache(model.empty_cache(), frames, actions, sigma=0.014)
+    assert cache.keys[0].requires_grad == context_grad
+    x = torch.randn(3, 2, 3, 16, 16, dtype=torch.float64)
+    out = model.velocity(x, torch.rand(3, dtype=torch.float64), actions[0, 1:], cache)
+    out.square().mean().backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
+    assert grads["blocks.1.attn.qkv.weight"].abs().sum() > 0
+    # the prompt-frame embedding is used only by the history: it learns only through the cache
+    prompt_grad = grads["action_embed.weight"][PROMPT_ACTION].abs().sum()
+    assert (prompt_grad > 0) == context_grad
+
+
+def test_zero_initialised_model_predicts_zero_velocity():
+    model = TinyWorldDiT(CFG)
+    x = torch.randn(2, 2, 3, 16, 16)
+    out = model.velocity(x, torch.rand(2), torch.tensor([1, 2]), model.empty_cache())
+    assert out.shape == x.shape and out.abs().max() == 0
+
+
+def test_bad_inputs_raise_clear_errors():
+    model = _model()
+    frames, actions = _history(1)
+    cache = model.extend_cache(model.empty_cache(), frames, actions, sigma=0.014)
+    x = torch.randn(2, 2, 3, 16, 16, dtype=torch.float64)
+    sigma = torch.rand(2, dtype=torch.float64)
+    other = _model(ModelConfig(resolution=16, clip_frames=2, patch=4, dim=24, depth=2, heads=3))
+    with pytest.raises(ValueError, match="cache was built by a model with sizes"):
+        other.velocity(x.float(), sigma.float(), torch.tensor([0, 0]), cache)
+    with pytest.raises(ValueError, match="action ids must lie in 0..80"):
+        model.velocity(x, sigma, torch.tensor([0, 99]), cache)
+    with pytest.raises(TypeError, match="actions must be integer ids"):
+        model.velocity(x, sigma, torch.tensor([0.0, 1.0]), cache)
+    with pytest.raises(ValueError, match="one clip of 2 frames"):
+        model.velocity(x[:, :1], sigma, torch.tensor([0]), cache)
+    with pytest.raises(ValueError, match=r"multiple of the clip length 2"):
+        model.extend_cache(cache, frames[:, :3], actions[:, :3], sigma=0.014)
+    with pytest.raises(ValueError, match=r"1 prompt frame plus a multiple"):
+        model.extend_cache(model.empty_cache(), frames[:, :2], actions[:, :2], sigma=0.014)
+    with pytest.raises(ValueError, match=r"must have shape \[B, F, 3, 16, 16\]"):
+        model.velocity(torch.randn(2, 2, 3, 8, 8), sigma, torch.tensor([0, 0]), cache)
+    with pytest.raises(ValueError, match=r"sigma must be a tensor of shape \[2\]"):
+        model.velocity(x, sigma[:1], torch.tensor([0, 0]), cache)
+    with pytest.raises(ValueError, match="batch must be 1"):
+        model.extend_cache(model.empty_cache(), frames.expand(2, -1, -1, -1, -1),
+                           actions.expand(2, -1), sigma=0.014)

@@ -1,0 +1,6 @@
+"""World models: the protocol the trainer uses and the embedded TinyWorldDiT."""
+
+from wc_fast.models.protocol import ContextCache, WorldModel
+from wc_fast.models.tiny_dit import PROMPT_ACTION, TinyWorldDiT
+
+__all__ = ["ContextCache", "WorldModel", "TinyWorldDiT", "PROMPT_ACTION"]

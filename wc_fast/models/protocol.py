@@ -1,0 +1,56 @@
+"""What the trainer needs from a world model, and the shared-history KV cache it works with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+
+@dataclass(slots=True)
+class ContextCache:
+    """Keys/values of the clean history, one copy shared by every candidate.
+
+    ``keys[i]``, ``values[i]``: layer ``i``'s ``[1, H, P, Dh]`` (``P`` history tokens, already
+    position-encoded). ``num_frames``: history frames, the position of the next frame.
+    ``signature``: the sizes of the model that built it, checked on use.
+    """
+
+    keys: list[Tensor] = field(default_factory=list)
+    values: list[Tensor] = field(default_factory=list)
+    num_frames: int = 0
+    signature: tuple = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def nbytes(self) -> int:
+        """Bytes held by the cached keys and values."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+@runtime_checkable
+class WorldModel(Protocol):
+    """An action-conditioned, clip-autoregressive flow-matching video model.
+
+    Frames are ``[B, F, C, H, W]`` in [-1, 1]; actions are ids 0..80 (DESIGN section 5), one
+    per frame; ``sigma`` is the flow-matching noise level (1 = pure noise).
+    """
+
+    clip_frames: int
+
+    def empty_cache(self) -> ContextCache:
+        """A cache with no history."""
+        ...
+
+    def extend_cache(self, cache: ContextCache, frames: Tensor, actions: Tensor, *,
+                     sigma: float) -> ContextCache:
+        """Append clean history ``frames`` ``[1, F', C, H, W]`` (seen at noise ``sigma``)."""
+        ...
+
+    def velocity(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache
+                 ) -> Tensor:
+        """Velocity ``[B, F, C, H, W]`` for ``B`` noisy clips sharing one ``cache``."""
+        ...

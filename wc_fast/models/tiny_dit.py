@@ -1,0 +1,327 @@
+"""TinyWorldDiT: a small block-causal, action-conditioned video DiT with a shared KV cache.
+
+Frames ``[B, F, C, H, W]`` are patchified into ``F * g * g`` tokens (``g = H / patch``). Each
+block is adaLN-Zero modulated per frame by ``embed(sigma) + embed(action of that frame)``
+(WorldPlay style: the action embedding is added to the timestep embedding), attends with 3D
+RoPE over (frame, row, column), fully inside a clip and causally across clips. The history is
+a :class:`ContextCache` with ONE copy of every layer's keys/values, shared by all candidate
+rows through :func:`kernels.prefix_attention`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kernels import prefix_attention
+from wc_fast.actions import NUM_ACTIONS
+from wc_fast.config import ModelConfig
+from wc_fast.models.protocol import ContextCache
+from wc_fast.models.rope import apply_rope, rope_angles
+
+PROMPT_ACTION = NUM_ACTIONS  # embedding id of the first (prompt) frame, which has no action
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """Dtype for norms and embeddings: fp32, or fp64 for an fp64 model."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def sigma_embedding(sigma: Tensor, dim: int = 256) -> Tensor:
+    """Sinusoidal embedding ``[B, dim]`` of ``1000 * sigma`` (the diffusion timestep)."""
+    half = dim // 2
+    acc = torch.promote_types(sigma.dtype, torch.float32)
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=sigma.device, dtype=acc)
+                      / half)
+    args = 1000.0 * sigma.to(acc)[:, None] * freqs[None, :]
+    return torch.cat([args.cos(), args.sin()], dim=1)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with q/k RMS norm and RoPE, over a shared prefix plus own tokens."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+        self.proj = nn.Linear(dim, dim)
+
+    def qkv_heads(self, x: Tensor, angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``x`` ``[B, N, D]`` -> q, k, v ``[B, H, N, Dh]`` with RoPE on q and k."""
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        acc = _acc(v.dtype)
+        q = apply_rope(self.q_norm(q.to(acc)).to(v.dtype), angles)
+        k = apply_rope(self.k_norm(k.to(acc)).to(v.dtype), angles)
+        return q, k, v
+
+    def merge_heads(self, out: Tensor) -> Tensor:
+        b, _, n, _ = out.shape
+        return self.proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class Block(nn.Module):
+    """adaLN-Zero transformer block; modulation is per frame."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.attn = Attention(dim, heads)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"),
+                                 nn.Linear(4 * dim, dim))
+        self.modulation = nn.Linear(dim, 6 * dim)
+        nn.init.zeros_(self.modulation.weight)
+        nn.init.zeros_(self.modulation.bias)
+
+    @staticmethod
+    def _modulate(x: Tensor, shift: Tensor, scale: Tensor, frames: int) -> Tensor:
+        """LayerNorm (fp32), then a per-frame affine: ``x`` ``[B, N, D]``, ``[B, F, D]``."""
+        b, n, d = x.shape
+        acc = _acc(x.dtype)
+        h = F.layer_norm(x.to(acc), (d,), eps=1e-6).reshape(b, frames, n // frames, d)
+        h = h * (1 + scale[:, :, None].to(acc)) + shift[:, :, None].to(acc)
+        return h.reshape(b, n, d).to(x.dtype)
+
+    @staticmethod
+    def _gate(y: Tensor, gate: Tensor, frames: int) -> Tensor:
+        b, n, d = y.shape
+        return (y.reshape(b, frames, n // frames, d) * gate[:, :, None]).reshape(b, n, d)
+
+    def forward(self, x: Tensor, cond: Tensor, angles: Tensor, attend) -> tuple[Tensor, Tensor,
+                                                                              Tensor]:
+        """``x`` ``[B, N, D]``, ``cond`` ``[B, F, D]``; ``attend(q, k, v)`` does the attention.
+
+        Returns the new tokens and this block's position-encoded keys/values ``[B, H, N, Dh]``.
+        """
+        frames = cond.shape[1]
+        sa, ca, ga, sm, cm, gm = self.modulation(F.silu(cond)).chunk(6, dim=-1)
+        q, k, v = self.attn.qkv_heads(self._modulate(x, sa, ca, frames), angles)
+        x = x + self._gate(self.attn.merge_heads(attend(q, k, v)), ga, frames)
+        x = x + self._gate(self.mlp(self._modulate(x, sm, cm, frames)), gm, frames)
+        return x, k, v
+
+
+class TinyWorldDiT(nn.Module):
+    """Small video DiT implementing :class:`wc_fast.models.WorldModel`."""
+
+    def __init__(self, cfg: ModelConfig, *, attention_backend: str = "auto") -> None:
+        super().__init__()
+        if cfg.resolution % cfg.patch or cfg.dim % cfg.heads:
+            raise ValueError("model.resolution must be a multiple of model.patch and model.dim "
+                             "a multiple of model.heads")
+        self.cfg = cfg
+        self.clip_frames = cfg.clip_frames
+        self.grid = cfg.resolution // cfg.patch
+        self.tokens_per_frame = self.grid * self.grid
+        self.attention_backend = attention_backend
+        patch_dim = cfg.channels * cfg.patch * cfg.patch
+        self.patch_embed = nn.Linear(patch_dim, cfg.dim)
+        self.sigma_mlp = nn.Sequential(nn.Linear(256, cfg.dim), nn.SiLU(),
+                                       nn.Linear(cfg.dim, cfg.dim))
+        self.action_embed = nn.Embedding(NUM_ACTIONS + 1, cfg.dim)
+        nn.init.normal_(self.action_embed.weight, std=0.02)
+        self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads) for _ in range(cfg.depth))
+        self.final_modulation = nn.Linear(cfg.dim, 2 * cfg.dim)
+        self.out = nn.Linear(cfg.dim, patch_dim)
+        for layer in (self.final_modulation, self.out):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    @property
+    def signature(self) -> tuple:
+        c = self.cfg
+        return (c.resolution, c.channels, c.patch, c.dim, c.depth, c.heads)
+
+    # -- shapes and conditioning ------------------------------------------------------------
+
+    def _check_frames(self, name: str, frames: Tensor) -> None:
+        c = self.cfg
+        if frames.dim() != 5 or tuple(frames.shape[2:]) != (c.channels, c.resolution,
+                                                             c.resolution):
+            raise ValueError(f"{name} must have shape [B, F, {c.channels}, {c.resolution}, "
+                             f"{c.resolution}], got {tuple(frames.shape)}")
+
+    def _check_actions(self, actions: Tensor, b: int, frames: int) -> Tensor:
+        if actions.dtype.is_floating_point or actions.dtype == torch.bool:
+            raise TypeError(f"actions must be integer ids 0..{NUM_ACTIONS - 1}, got "
+                            f"{actions.dtype}")
+        if actions.dim() == 1:
+            actions = actions.unsqueeze(0).expand(b, -1)
+        if tuple(actions.shape) != (b, frames):
+            raise ValueError(f"actions must have shape [{b}, {frames}] or [{frames}], got "
+                             f"{tuple(actions.shape)}")
+        if actions.numel() and (int(actions.min()) < 0 or int(actions.max()) > PROMPT_ACTION):
+            raise ValueError(f"action ids must lie in 0..{NUM_ACTIONS - 1}")
+        return actions
+
+    def _check_cache(self, cache: ContextCache) -> None:
+        if cache.signature != self.signature:
+            raise ValueError(f"cache was built by a model with sizes {cache.signature}, this "
+                             f"model has {self.signature} (resolution, channels, patch, dim, "
+                             "depth, heads)")
+
+    def _conditioning(self, sigma: Tensor, actions: Tensor) -> Tensor:
+        """``sigma`` ``[B]``, ``actions`` ``[B, F]`` -> per-frame condition ``[B, F, D]`` (fp32)."""
+        t = self.sigma_mlp(sigma_embedding(sigma))
+        return t[:, None, :] + self.action_embed(actions)
+
+    def patchify(self, frames: Tensor) -> Tensor:
+        """``[B, F, C, H, W]`` -> tokens ``[B, F*g*g, C*p*p]`` (frame-major, then row, column)."""
+        b, f, c, _, _ = frames.shape
+        p, g = self.cfg.patch, self.grid
+        x = frames.reshape(b, f, c, g, p, g, p).permute(0, 1, 3, 5, 2, 4, 6)
+        return x.reshape(b, f * g * g, c * p * p)
+
+    def unpatchify(self, tokens: Tensor, frames: int) -> Tensor:
+        b = tokens.shape[0]
+        p, g, c = self.cfg.patch, self.grid, self.cfg.channels
+        x = tokens.reshape(b, frames, g, g, c, p, p).permute(0, 1, 4, 2, 5, 3, 6)
+        return x.reshape(b, frames, c, g * p, g * p)
+
+    def _angles(self, start: int, frames: int, device: torch.device) -> Tensor:
+        pos = torch.arange(start, start + frames, device=device)
+        return rope_angles(pos, self.grid, self.cfg.dim // self.cfg.heads)
+
+    def _autocast(self, device: torch.device):
+        dtype = _DTYPES[self.cfg.dtype]
+        return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+    # -- history ------------------------------------------------------------------------------
+
+    def empty_cache(self) -> ContextCache:
+        return ContextCache(signature=self.signature)
+
+    def _chunks(self, cache: ContextCache, frames: int) -> list[int]:
+        """Split ``frames`` new history frames into causal chunks: prompt frame, then clips."""
+        first = [1] if cache.num_frames == 0 else []
+        rest = frames - len(first)
+        if rest < 0 or rest % self.clip_frames:
+            lead = "1 prompt frame plus " if first else ""
+            raise ValueError(f"history frames must be {lead}a multiple of the clip length "
+                             f"{self.clip_frames}, got {frames}")
+        return first + [self.clip_frames] * (rest // self.clip_frames)
+
+    def extend_cache(self, cache: ContextCache, frames: Tensor, actions: Tensor, *,
+                     sigma: float) -> ContextCache:
+        """Append clean history ``frames`` ``[1, F', C, H, W]`` with ``actions`` ``[1, F']``.
+
+        An empty cache takes the prompt frame first (action ignored), then whole clips; each
+        chunk attends to everything before it and to itself (block-causal). Returns a new
+        cache; gradients flow into it when grad mode is on.
+        """
+        self._check_cache(cache)
+        self._check_frames("frames", frames)
+        if frames.shape[0] != 1:
+            raise ValueError(f"history frames are shared: batch must be 1, got {frames.shape[0]}")
+        actions = self._check_actions(actions, 1, frames.shape[1]).clone()
+        if cache.num_frames == 0:
+            actions[:, 0] = PROMPT_ACTION
+        start = 0
+        for size in self._chunks(cache, frames.shape[1]):
+            cache = self._append_chunk(cache, frames[:, start:start + size],
+                                       actions[:, start:start + size], sigma)
+            start += size
+        return cache
+
+    def build_cache_parallel(self, frames: Tensor, actions: Tensor, *, sigma: float
+                             ) -> ContextCache:
+        """The cache :meth:`extend_cache` builds from empty, in ONE block-causal forward.
+
+        All chunks run together with a mask (a token sees its own chunk and earlier ones):
+        fewer, larger matmuls than chunk by chunk, e.g. for teacher-forced pretraining.
+        """
+        self._check_frames("frames", frames)
+        if frames.shape[0] != 1:
+            raise ValueError(f"history frames are shared: batch must be 1, got {frames.shape[0]}")
+        actions = self._check_actions(actions, 1, frames.shape[1]).clone()
+        actions[:, 0] = PROMPT_ACTION
+        sizes = self._chunks(self.empty_cache(), frames.shape[1])
+        chunk_of_frame = torch.repeat_interleave(torch.arange(len(sizes), device=frames.device),
+                                                 torch.tensor(sizes, device=frames.device))
+        chunk = chunk_of_frame.repeat_interleave(self.tokens_per_frame)
+        mask = chunk[:, None] >= chunk[None, :]
+
+        def attend(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        sig = torch.full((1,), float(sigma), device=frames.device)
+        _, keys, values = self._run(frames, sig, actions, self.empty_cache(), attend=attend)
+        return ContextCache(keys=keys, values=values, num_frames=frames.shape[1],
+                            signature=self.signature)
+
+    def _append_chunk(self, cache: ContextCache, frames: Tensor, actions: Tensor,
+                      sigma: float) -> ContextCache:
+        sig = torch.full((1,), float(sigma), device=frames.device)
+        _, keys, values = self._run(frames, sig, actions, cache)
+        if cache.keys:
+            keys = [torch.cat([old, new], dim=2) for old, new in zip(cache.keys, keys,
+                                                                     strict=True)]
+            values = [torch.cat([old, new], dim=2) for old, new in zip(cache.values, values,
+                                                                       strict=True)]
+        return ContextCache(keys=keys, values=values,
+                            num_frames=cache.num_frames + frames.shape[1],
+                            signature=self.signature)
+
+    # -- prediction ---------------------------------------------------------------------------
+
+    def velocity(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache
+                 ) -> Tensor:
+        """Velocity ``[B, F, C, H, W]`` (fp32; fp64 for an fp64 model) of ``B`` noisy clips.
+
+        ``x_t`` ``[B, F, C, H, W]`` with ``F`` the clip length, ``sigma`` ``[B]``,
+        ``actions`` ``[B, F]`` or ``[F]`` (one command shared by all rows).
+        """
+        self._check_cache(cache)
+        self._check_frames("x_t", x_t)
+        b, f = x_t.shape[:2]
+        if f != self.clip_frames:
+            raise ValueError(f"x_t must hold one clip of {self.clip_frames} frames, got {f}")
+        if not isinstance(sigma, Tensor) or tuple(sigma.shape) != (b,):
+            raise ValueError(f"sigma must be a tensor of shape [{b}], got "
+                             f"{tuple(sigma.shape) if isinstance(sigma, Tensor) else sigma!r}")
+        actions = self._check_actions(actions, b, f)
+        out, _, _ = self._run(x_t, sigma, actions, cache)
+        return out
+
+    def _run(self, frames: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache,
+             attend=None) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Run all blocks on one chunk per row against the shared history in ``cache``.
+
+        ``attend(q, k, v)`` replaces the shared-prefix attention when given (masked variants).
+        """
+        b, f = frames.shape[:2]
+        device = frames.device
+        angles = self._angles(cache.num_frames, f, device)
+        param_dtype = self.patch_embed.weight.dtype
+        cond = self._conditioning(sigma.to(param_dtype), actions)
+        with self._autocast(device):
+            x = self.patch_embed(self.patchify(frames.to(param_dtype)))
+            keys, values = [], []
+            for i, block in enumerate(self.blocks):
+                x, k, v = block(x, cond, angles, attend or self._prefix_attend(cache, i, x))
+                keys.append(k)
+                values.append(v)
+            shift, scale = self.final_modulation(F.silu(cond)).chunk(2, dim=-1)
+            h = Block._modulate(x, shift, scale, f)
+            out = self.out(h)
+        return self.unpatchify(out.to(_acc(param_dtype)), f), keys, values
+
+    def _prefix_attend(self, cache: ContextCache, layer: int, x: Tensor):
+        """Attention of the rows' own tokens plus layer ``layer``'s shared history."""
+        if cache.keys:
+            prefix_k, prefix_v = cache.keys[layer], cache.values[layer]
+        else:
+            heads, head_dim = self.cfg.heads, self.cfg.dim // self.cfg.heads
+            prefix_k = prefix_v = x.new_zeros(1, heads, 0, head_dim)
+
+        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return prefix_attention(q, k, v, prefix_k.to(q.dtype), prefix_v.to(q.dtype),
+                                    backend=self.attention_backend)
+
+        return attend
