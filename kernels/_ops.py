@@ -23,7 +23,7 @@ Signatures (all tensors 2-D, rows flattened by the public ops in :mod:`kernels.n
   Backward: ``dv_theta = grad * grad_loss[:, None]``; the other inputs get no gradient.
 - ``flow_noise(x0 [S, D], sigmas [S, K], noise [S*K, D]) -> (x_t, v_target [S*K, D])``.
   Backward: ``dx0[s] = sum_j (1 - sig[s, j]) g_xt[s*K+j] - g_v[s*K+j]``,
-  ``dnoise = sig * g_xt + g_v``, ``dsigmas[s, j] = <g_xt[s*K+j], v_target[s*K+j]>``.
+  ``dnoise = sig * g_xt + g_v``, ``dsigmas[s, j] = <g_xt[s*K+j], noise[s*K+j] - x0[s]>``.
 """
 
 from typing import Any
@@ -92,24 +92,23 @@ def _flow_fake(x0: Tensor, sigmas: Tensor, noise: Tensor) -> tuple[Tensor, Tenso
 
 
 def _flow_setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
-    x0, sigmas, _ = inputs
-    ctx.save_for_backward(sigmas, output[1])
-    ctx.x0_dtype = x0.dtype
+    ctx.save_for_backward(*inputs)
 
 
 def _flow_backward(ctx: Any, g_xt: Tensor, g_v: Tensor) -> tuple:
-    sigmas, v_target = ctx.saved_tensors
-    acc = _acc(ctx.x0_dtype)
-    s, k = sigmas.shape
-    sig = sigmas.to(acc).reshape(s * k, 1)
-    g_xt, g_v = g_xt.to(acc), g_v.to(acc)
-    d_x0 = d_noise = d_sig = None
+    x0, sigmas, noise = ctx.saved_tensors
+    acc = _acc(x0.dtype)
+    (s, k), d = sigmas.shape, x0.shape[1]
+    sig = sigmas.to(acc).reshape(s, k, 1)
+    g_xt, g_v = g_xt.to(acc).reshape(s, k, d), g_v.to(acc).reshape(s, k, d)
+    d_x0 = d_sig = d_noise = None
     if ctx.needs_input_grad[0]:
-        d_x0 = ((1.0 - sig) * g_xt - g_v).reshape(s, k, -1).sum(dim=1).to(ctx.x0_dtype)
+        d_x0 = ((1.0 - sig) * g_xt - g_v).sum(dim=1).to(x0.dtype)
     if ctx.needs_input_grad[1]:
-        d_sig = (g_xt * v_target.to(acc)).sum(dim=1).reshape(s, k).to(sigmas.dtype)
+        v_target = noise.to(acc).reshape(s, k, d) - x0.to(acc).unsqueeze(1)
+        d_sig = (g_xt * v_target).sum(dim=2).to(sigmas.dtype)
     if ctx.needs_input_grad[2]:
-        d_noise = (sig * g_xt + g_v).to(ctx.x0_dtype)
+        d_noise = (sig * g_xt + g_v).reshape(s * k, d).to(noise.dtype)
     return d_x0, d_sig, d_noise
 
 

@@ -24,6 +24,8 @@ INTERPRET_MAX_BLOCK = 1 << 14
 INTERPRET_BLOCKS_PER_CHUNK = 4
 PROGRAMS_PER_SM = 4
 
+_poison_outputs = False
+
 
 @dataclass(frozen=True)
 class RowSplit:
@@ -33,6 +35,31 @@ class RowSplit:
     chunk: int
     n_splits: int
     num_warps: int
+
+
+def set_poison_outputs(on: bool) -> None:
+    """Fill new output buffers with NaN before the kernels run, so tests catch unwritten
+    elements (mirrors ``kernels._native.set_poison_outputs``)."""
+    global _poison_outputs
+    _poison_outputs = on
+
+
+def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialized buffer the kernels fill completely (NaN-filled while poisoning)."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    return out.fill_(float("nan")) if _poison_outputs else out
+
+
+def check_operand(op: str, name: str, t: torch.Tensor, shape: tuple[int, ...], ref_name: str,
+                  ref: torch.Tensor, *, same_dtype: bool) -> None:
+    """``t`` has ``shape`` and ``ref``'s device (and dtype when ``same_dtype``)."""
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{op}: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if t.device != ref.device:
+        raise ValueError(f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}")
+    if same_dtype and t.dtype != ref.dtype:
+        raise TypeError(f"{op}: {name} must have the dtype of {ref_name} ({ref.dtype}), "
+                        f"got {t.dtype}")
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:

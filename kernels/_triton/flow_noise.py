@@ -14,7 +14,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
-from kernels._triton import interpret_block, tl_acc
+from kernels._triton import check_operand, interpret_block, new_output, tl_acc
 
 GPU_BLOCK = 2048
 GPU_WARPS = 4
@@ -46,12 +46,17 @@ def flow_noise(x0: Tensor, sigmas: Tensor, noise: Tensor) -> tuple[Tensor, Tenso
     ``x0`` ``[S, D]``, ``sigmas`` ``[S, K]`` (cast to fp32), ``noise`` ``[S*K, D]`` of ``x0``'s
     dtype; non-contiguous inputs are copied. Same contract as ``kernels._native.flow_noise``.
     """
+    if x0.dim() != 2 or sigmas.dim() != 2:
+        raise ValueError(f"flow_noise: x0 [S, D] and sigmas [S, K] must be 2-D, got "
+                         f"{tuple(x0.shape)} and {tuple(sigmas.shape)}")
+    s, d = x0.shape
+    k = sigmas.shape[1]
+    check_operand("flow_noise", "sigmas", sigmas, (s, k), "x0", x0, same_dtype=False)
+    check_operand("flow_noise", "noise", noise, (s * k, d), "x0", x0, same_dtype=True)
     x, eps = x0.contiguous(), noise.contiguous()
     sig = sigmas.to(torch.float32).contiguous()
-    s, d = x.shape
-    k = sig.shape[1]
-    x_t = torch.empty_like(eps)
-    v = torch.empty_like(eps)
+    x_t = new_output(eps.shape, eps.dtype, eps.device)
+    v = new_output(eps.shape, eps.dtype, eps.device)
     on_gpu = x.device.type == "cuda"
     block = GPU_BLOCK if on_gpu else interpret_block(d)
     if d > 0:

@@ -26,7 +26,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
-from kernels._triton import acc_dtype, row_split, tl_acc
+from kernels._triton import acc_dtype, check_operand, new_output, row_split, tl_acc
 
 X0_WEIGHT_FLOOR = 1e-5
 GPU_BLOCK = 2048
@@ -105,6 +105,21 @@ def nft_loss_grad_kernel(vt_ptr, vo_ptr, vs_ptr, r_ptr, k_ptr, grad_ptr, part_pt
     tl.store(part_ptr + row.to(tl.int64) * n_splits + split, loss)
 
 
+def _check(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor, sigma: Tensor | None,
+           x0: bool) -> None:
+    if v_theta.dim() != 2:
+        raise ValueError(f"nft_loss_fwd: v_theta must be [B, D], got {tuple(v_theta.shape)}")
+    rows, d = v_theta.shape
+    for name, t in (("v_old", v_old), ("v_target", v_target)):
+        check_operand("nft_loss_fwd", name, t, (rows, d), "v_theta", v_theta, same_dtype=True)
+    check_operand("nft_loss_fwd", "r", r, (rows,), "v_theta", v_theta, same_dtype=False)
+    if x0:
+        if sigma is None:
+            raise ValueError("nft_loss_fwd: sigma [B] is required when x0=True")
+        check_operand("nft_loss_fwd", "sigma", sigma, (rows,), "v_theta", v_theta,
+                      same_dtype=False)
+
+
 def nft_loss_fwd(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
                  sigma: Tensor | None, beta: float, x0: bool) -> tuple[Tensor, Tensor]:
     """Per-sample NFT loss ``[B]`` and its gradient w.r.t. ``v_theta`` ``[B, D]``.
@@ -114,6 +129,7 @@ def nft_loss_fwd(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
     in fp32 (fp64 for fp64 inputs) and ``grad[i] = dL_i/dv_theta[i]`` in ``v_theta``'s dtype.
     Same contract as ``kernels._native.nft_loss_fwd``.
     """
+    _check(v_theta, v_old, v_target, r, sigma, x0)
     vt, vo, vs = v_theta.contiguous(), v_old.contiguous(), v_target.contiguous()
     rows, d = vt.shape
     acc = acc_dtype(vt.dtype)
@@ -122,15 +138,15 @@ def nft_loss_fwd(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
     r32 = r.to(torch.float32).contiguous()
     k = r32
     if x0:
-        sums = torch.empty((rows, cfg.n_splits, 2), dtype=acc, device=vt.device)
+        sums = new_output((rows, cfg.n_splits, 2), acc, vt.device)
         wrap_triton(nft_abs_err_kernel)[grid](
             vt, vo, vs, sums, beta, d, cfg.chunk, cfg.n_splits,
             BLOCK=cfg.block, ACC=tl_acc(vt.dtype), num_warps=cfg.num_warps)
         s = sigma.to(torch.float32).to(acc).unsqueeze(1)
         w = (s * sums.sum(dim=1) / d).clamp_min(X0_WEIGHT_FLOOR)
         k = (s * s / w).contiguous()
-    grad = torch.empty_like(vt)
-    part = torch.empty((rows, cfg.n_splits), dtype=acc, device=vt.device)
+    grad = new_output(vt.shape, vt.dtype, vt.device)
+    part = new_output((rows, cfg.n_splits), acc, vt.device)
     wrap_triton(nft_loss_grad_kernel)[grid](
         vt, vo, vs, r32, k, grad, part, beta, d, cfg.chunk, cfg.n_splits,
         HAS_K=x0, BLOCK=cfg.block, ACC=tl_acc(vt.dtype), num_warps=cfg.num_warps)
