@@ -122,11 +122,33 @@ def _define(name: str, launch: Any, native_impl: Any, native: bool) -> Any:
     """
     if not HAVE_TRITON:
         return torch.library.custom_op(name, native_impl, mutates_args=(), device_types="cpu")
-    define = torch.library.custom_op if triton_interpreting() else torch.library.triton_op
+    interpreting = triton_interpreting()
+    define = torch.library.custom_op if interpreting else torch.library.triton_op
     op = define(name, launch, mutates_args=())
     if native:
         op.register_kernel("cpu", native_impl)
+        if not interpreting:
+            _opaque_on_cpu(op)
     return op
+
+
+def _opaque_on_cpu(op: Any) -> None:
+    """Keep a ``triton_op`` whole for CPU tensors when torch.compile functionalizes it.
+
+    A ``triton_op`` decomposes into its Triton kernels under ``FunctionalTensorMode`` whatever
+    the device; CPU tensors run the native kernel instead, so for them the op stays one node.
+    """
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    decompose = op._torch_dispatch_fns[FunctionalTensorMode]
+
+    def dispatch(mode: Any, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        first = args[0] if args else next(iter(kwargs.values()))
+        if first.device.type == "cpu":
+            return mode.__torch_dispatch__(func, types, args, kwargs)
+        return decompose(mode, func, types, args, kwargs)
+
+    op.register_torch_dispatch(FunctionalTensorMode, dispatch)
 
 
 def _define_nft(name: str, native: bool) -> Any:
