@@ -43,8 +43,10 @@ def check_shape(name: str, t: Tensor, shape: tuple[int, ...], what: str) -> None
 
 
 def values_checkable() -> bool:
-    """Value checks read tensors on the host; skip them while torch.compile traces."""
-    return not torch.compiler.is_compiling()
+    """Value checks read tensors on the host: skip them while compiling or capturing a graph."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def check_finite(name: str, t: Tensor) -> None:

@@ -1,9 +1,27 @@
-"""Flow-matching sampler schedule (DESIGN section 3)."""
+"""Flow-matching sampler for G candidate clips sharing one history (DESIGN sections 3, 4, 9).
+
+The deterministic Euler ODE ``x <- x + (s_{i+1} - s_i) v`` over :func:`sigma_schedule` starts
+each candidate from its own initial noise (WorldCompass exploration). The ``sde`` variant
+starts every candidate from ONE shared noise and injects fresh noise at each step (the
+DanceGRPO / Flow-GRPO exploration that WorldCompass ablates against). The last step to
+``s = 0`` is always the deterministic ``x - s v``, i.e. the x0 prediction.
+
+Execution: ``eager`` (the reference), ``compile`` (``torch.compile`` of one step;
+``reduce-overhead`` on CUDA) or ``cuda_graph`` (the whole step loop captured once per shape
+with static buffers and replayed). ``auto`` picks ``cuda_graph`` on CUDA and ``eager`` on CPU.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+from wc_fast.models.protocol import ContextCache, WorldModel
+
+CAPTURE_MODES = ("auto", "eager", "compile", "cuda_graph")
+EXPLORATION_MODES = ("noise", "sde")
 
 
 def sigma_schedule(steps: int = 40, shift: float = 5.0) -> Tensor:
@@ -18,3 +36,175 @@ def sigma_schedule(steps: int = 40, shift: float = 5.0) -> Tensor:
         raise ValueError(f"shift must be > 0, got {shift!r}")
     s = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
     return (shift * s / (1.0 + (shift - 1.0) * s)).to(torch.float32)
+
+
+def sde_step_std(sigma: float, noise_level: float, sigma_max: float) -> float:
+    """Flow-GRPO's per-step noise std ``a * sqrt(s / (1 - s))`` (``s = 1`` uses ``sigma_max``)."""
+    s_safe = sigma_max if sigma >= 1.0 else sigma
+    return noise_level * (sigma / (1.0 - s_safe)) ** 0.5
+
+
+@dataclass(slots=True)
+class Rollout:
+    """Sampled clips ``[G, F, C, H, W]`` and everything needed to replay them exactly."""
+
+    clips: Tensor
+    noise: Tensor
+    step_noise: Tensor | None = None
+
+
+class ClipSampler:
+    """Samples ``G`` candidates of the next clip for one shared :class:`ContextCache`."""
+
+    def __init__(self, model: WorldModel, *, steps: int = 40, shift: float = 5.0,
+                 capture: str = "auto", exploration: str = "noise", sde_noise: float = 0.7
+                 ) -> None:
+        if capture not in CAPTURE_MODES:
+            raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
+        if exploration not in EXPLORATION_MODES:
+            raise ValueError(f"exploration must be one of {EXPLORATION_MODES}, got "
+                             f"{exploration!r}")
+        if not 0.0 <= sde_noise <= 1.0:
+            raise ValueError(f"sde_noise must lie in [0, 1], got {sde_noise!r}")
+        self.model = model
+        self.sigmas = sigma_schedule(steps, shift).tolist()
+        self.capture = capture
+        self.exploration = exploration
+        self.sde_noise = sde_noise
+        self._compiled_step = None
+        self._graphs: dict[tuple, _CapturedLoop] = {}
+
+    # -- public -------------------------------------------------------------------------------
+
+    def sample(self, cache: ContextCache, actions: Tensor, *, num: int,
+               generator: torch.Generator | None = None, noise: Tensor | None = None,
+               step_noise: Tensor | None = None) -> Rollout:
+        """``num`` candidates of one clip; ``actions`` ``[F]`` (shared) or ``[num, F]``.
+
+        Initial ``noise`` ``[num, F, C, H, W]`` (and, for ``sde``, ``step_noise``
+        ``[T-1, num, F, C, H, W]``) are drawn from ``generator`` unless given, and returned so
+        the rollout can be replayed.
+        """
+        device = self._device()
+        shape = self._clip_shape(num)
+        if noise is None:
+            noise = torch.randn(shape if self.exploration == "noise" else (1, *shape[1:]),
+                                generator=generator, device=device).expand(shape).contiguous()
+        elif tuple(noise.shape) != shape:
+            raise ValueError(f"noise must have shape {shape}, got {tuple(noise.shape)}")
+        if self.exploration == "sde" and step_noise is None:
+            step_noise = torch.randn((len(self.sigmas) - 2, *shape), generator=generator,
+                                     device=device)
+        with torch.no_grad():
+            clips = self._integrate(noise, cache, actions.to(device), step_noise)
+        return Rollout(clips=clips, noise=noise, step_noise=step_noise)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _clip_shape(self, num: int) -> tuple[int, ...]:
+        c = self.model.cfg
+        return (num, c.clip_frames, c.channels, c.resolution, c.resolution)
+
+    def _mode(self, device: torch.device) -> str:
+        if self.capture == "auto":
+            return "cuda_graph" if device.type == "cuda" else "eager"
+        if self.capture == "cuda_graph" and device.type != "cuda":
+            raise RuntimeError("capture='cuda_graph' needs the model on a CUDA device")
+        return self.capture
+
+    def _integrate(self, noise: Tensor, cache: ContextCache, actions: Tensor,
+                   step_noise: Tensor | None) -> Tensor:
+        mode = self._mode(noise.device)
+        if mode == "cuda_graph":
+            key = (tuple(noise.shape), cache.num_tokens, cache.num_frames, tuple(actions.shape),
+                   noise.dtype, step_noise is not None)
+            if key not in self._graphs:
+                self._graphs[key] = _CapturedLoop(self, noise, cache, actions, step_noise)
+            return self._graphs[key].replay(noise, cache, actions, step_noise)
+        step = self._step
+        if mode == "compile":
+            step = self._compiled(noise.device)
+        return self._loop(step, noise, cache, actions, step_noise)
+
+    def _compiled(self, device: torch.device):
+        """``torch.compile`` of one step; on CUDA with ``reduce-overhead`` (its own graphs)."""
+        if self._compiled_step is None:
+            if device.type == "cuda":
+                compiled = torch.compile(self._step, mode="reduce-overhead", dynamic=False)
+
+                def step(*args):
+                    torch.compiler.cudagraph_mark_step_begin()
+                    return compiled(*args)
+
+                self._compiled_step = step
+            else:
+                self._compiled_step = torch.compile(self._step, dynamic=False)
+        return self._compiled_step
+
+    def _loop(self, step, noise: Tensor, cache: ContextCache, actions: Tensor,
+              step_noise: Tensor | None) -> Tensor:
+        """Integrate from ``noise`` over the schedule; per-step scalars are device tensors."""
+        x = noise.clone()
+        num, device = noise.shape[0], noise.device
+        for i, (s, s_next) in enumerate(zip(self.sigmas[:-1], self.sigmas[1:], strict=True)):
+            stochastic = step_noise is not None and s_next > 0
+            std = sde_step_std(s, self.sde_noise, self.sigmas[1]) if stochastic else 0.0
+            x = step(x, torch.full((num,), s, device=device), torch.full((), s, device=device),
+                     torch.full((), s_next - s, device=device), torch.full((), std, device=device),
+                     actions, cache.keys, cache.values, cache.num_frames, cache.signature,
+                     step_noise[i] if stochastic else None)
+        return x
+
+    def _step(self, x: Tensor, sigma: Tensor, s: Tensor, dt: Tensor, std: Tensor,
+              actions: Tensor, keys: list[Tensor], values: list[Tensor], num_frames: int,
+              signature: tuple, eps: Tensor | None) -> Tensor:
+        """One Euler step, or a Flow-GRPO SDE step when ``eps`` is given, from ``s`` by ``dt``."""
+        cache = ContextCache(keys=keys, values=values, num_frames=num_frames,
+                             signature=signature)
+        v = self.model.velocity(x, sigma, actions, cache)
+        if eps is None:
+            return x + dt * v
+        drift = x * (1 + std**2 / (2 * s) * dt) + v * (1 + std**2 * (1 - s) / (2 * s)) * dt
+        return drift + std * (-dt).sqrt() * eps
+
+
+class _CapturedLoop:
+    """The whole sampling loop captured in one CUDA graph for one input shape.
+
+    Inputs (noise, history keys/values, actions, step noise) live in static buffers refreshed
+    with ``copy_``; the schedule is baked into the captured steps; there is no host sync.
+    """
+
+    def __init__(self, sampler: ClipSampler, noise: Tensor, cache: ContextCache,
+                 actions: Tensor, step_noise: Tensor | None) -> None:
+        self.noise = noise.clone()
+        self.keys = [k.clone() for k in cache.keys]
+        self.values = [v.clone() for v in cache.values]
+        self.actions = actions.clone()
+        self.step_noise = None if step_noise is None else step_noise.clone()
+        self.cache = ContextCache(self.keys, self.values, cache.num_frames, cache.signature)
+        run = lambda: sampler._loop(sampler._step, self.noise, self.cache,  # noqa: E731
+                                    self.actions, self.step_noise)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.no_grad():
+            self.out = run()
+
+    def replay(self, noise: Tensor, cache: ContextCache, actions: Tensor,
+               step_noise: Tensor | None) -> Tensor:
+        self.noise.copy_(noise)
+        for dst, src in zip(self.keys + self.values, cache.keys + cache.values, strict=True):
+            dst.copy_(src)
+        self.actions.copy_(actions)
+        if step_noise is not None:
+            self.step_noise.copy_(step_noise)
+        self.graph.replay()
+        return self.out.clone()
