@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -34,6 +35,18 @@ class RowSplit:
     block: int
     chunk: int
     n_splits: int
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class AotConfig:
+    """One CUDA launch configuration of a kernel, as ``python -m kernels.aot`` compiles it."""
+
+    kernel: Any
+    dtype: str
+    variant: str
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
     num_warps: int
 
 

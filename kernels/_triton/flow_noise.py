@@ -14,7 +14,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
-from kernels._triton import check_operand, interpret_block, new_output, tl_acc
+from kernels._triton import AotConfig, check_operand, interpret_block, new_output, tl_acc
 
 GPU_BLOCK = 2048
 GPU_WARPS = 4
@@ -65,13 +65,13 @@ def flow_noise(x0: Tensor, sigmas: Tensor, noise: Tensor) -> tuple[Tensor, Tenso
     return x_t, v
 
 
-def aot_configs() -> list[tuple[str, object, dict[str, str], dict[str, object], int]]:
-    """``(label, kernel, signature, constexprs, num_warps)`` of every CUDA launch above."""
+def aot_configs() -> list[AotConfig]:
+    """Every CUDA launch of :func:`flow_noise`: one per input dtype."""
     return [
-        (f"flow_noise[{dtype}]", flow_noise_kernel,
-         {"x0_ptr": f"*{dtype}", "sig_ptr": "*fp32", "noise_ptr": f"*{dtype}",
-          "xt_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "d": "i32", "k": "i32",
-          "BLOCK": "constexpr", "ACC": "constexpr"},
-         {"BLOCK": GPU_BLOCK, "ACC": tl.float32}, GPU_WARPS)
+        AotConfig(flow_noise_kernel, dtype, "",
+                  {"x0_ptr": f"*{dtype}", "sig_ptr": "*fp32", "noise_ptr": f"*{dtype}",
+                   "xt_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "d": "i32", "k": "i32",
+                   "BLOCK": "constexpr", "ACC": "constexpr"},
+                  {"BLOCK": GPU_BLOCK, "ACC": tl.float32}, GPU_WARPS)
         for dtype in ("fp32", "fp16", "bf16")
     ]

@@ -26,7 +26,14 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
-from kernels._triton import acc_dtype, check_operand, new_output, row_split, tl_acc
+from kernels._triton import (
+    AotConfig,
+    acc_dtype,
+    check_operand,
+    new_output,
+    row_split,
+    tl_acc,
+)
 
 X0_WEIGHT_FLOOR = 1e-5
 GPU_BLOCK = 2048
@@ -153,25 +160,22 @@ def nft_loss_fwd(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
     return part.sum(dim=1), grad
 
 
-def aot_configs() -> list[tuple[str, object, dict[str, str], dict[str, object], int]]:
-    """``(label, kernel, signature, constexprs, num_warps)`` of every CUDA launch above."""
+def aot_configs() -> list[AotConfig]:
+    """Every CUDA launch of :func:`nft_loss_fwd`: per input dtype, pass 1 of x0 and the loss
+    kernel for each space."""
     configs = []
     for dtype in ("fp32", "fp16", "bf16"):
-        ptrs = {"vt_ptr": f"*{dtype}", "vo_ptr": f"*{dtype}", "vs_ptr": f"*{dtype}"}
-        ints = {"d": "i32", "chunk": "i32", "n_splits": "i32"}
+        inputs = {"vt_ptr": f"*{dtype}", "vo_ptr": f"*{dtype}", "vs_ptr": f"*{dtype}"}
+        sizes = {"beta": "fp32", "d": "i32", "chunk": "i32", "n_splits": "i32"}
         consts = {"BLOCK": GPU_BLOCK, "ACC": tl.float32}
-        configs.append((
-            f"nft_abs_err[{dtype}]", nft_abs_err_kernel,
-            {**ptrs, "part_ptr": "*fp32", "beta": "fp32", **ints,
-             "BLOCK": "constexpr", "ACC": "constexpr"},
-            consts, GPU_WARPS))
-        for has_k in (False, True):
-            configs.append((
-                f"nft_loss_grad[{dtype}, {'x0' if has_k else 'velocity'}]",
-                nft_loss_grad_kernel,
-                {**ptrs, "r_ptr": "*fp32", "k_ptr": "*fp32", "grad_ptr": f"*{dtype}",
-                 "part_ptr": "*fp32", "beta": "fp32", "d": "i32", "chunk": "i32",
-                 "n_splits": "i32", "HAS_K": "constexpr", "BLOCK": "constexpr",
-                 "ACC": "constexpr"},
-                {**consts, "HAS_K": has_k}, GPU_WARPS))
+        meta = {"BLOCK": "constexpr", "ACC": "constexpr"}
+        configs.append(AotConfig(
+            nft_abs_err_kernel, dtype, "x0 pass 1",
+            {**inputs, "part_ptr": "*fp32", **sizes, **meta}, consts, GPU_WARPS))
+        for x0 in (False, True):
+            configs.append(AotConfig(
+                nft_loss_grad_kernel, dtype, "x0 pass 2" if x0 else "velocity",
+                {**inputs, "r_ptr": "*fp32", "k_ptr": "*fp32", "grad_ptr": f"*{dtype}",
+                 "part_ptr": "*fp32", **sizes, "HAS_K": "constexpr", **meta},
+                {**consts, "HAS_K": x0}, GPU_WARPS))
     return configs
