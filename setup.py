@@ -42,7 +42,7 @@ def native_extensions() -> tuple[list, dict]:
     ext = CppExtension(
         "kernels._native",
         sources,
-        extra_compile_args=["-O3", "-fopenmp", "-std=c++17"],
+        extra_compile_args=["-O3", "-fopenmp", "-g0"],
         extra_link_args=["-fopenmp"],
     )
     return [ext], {"build_ext": OptionalBuildExtension.with_options(use_ninja=False)}

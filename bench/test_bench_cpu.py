@@ -1,0 +1,98 @@
+"""CPU throughput of the fused ops: eager reference vs torch.compile(reference) vs native C++.
+
+Run with ``pytest --benchmark-only bench/test_bench_cpu.py --benchmark-group-by=group``.
+Every contender produces the same results: the per-sample NFT loss and its gradient with
+respect to ``v_theta`` (fp32, 16M elements per call), or ``flow_noise``'s two outputs. The
+native entries record their speedups over the eager and compiled entries of the same group and
+run in ``extra_info`` (see ``--benchmark-json``). torch.compile is warmed up before timing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import reference
+
+native = pytest.importorskip("kernels._native", reason="the native extension is not built")
+
+NFT_SHAPES = ((4, 1 << 22), (1, 1 << 24))  # 16M elements as 4 rows and as one row
+SPACES = ("velocity", "x0")
+CONTENDERS = ("eager", "compile", "native")  # native last: it reads the others' times
+FLOW_SHAPE = (6, 20, 16 * 4 * 16 * 16)  # S, K, D: 6 clean latents at 20 sigmas, 2M outputs
+
+# Median seconds of every finished benchmark, by (group, contender).
+_MEDIANS: dict[tuple[str, str], float] = {}
+
+
+def _reference_loss_and_grad(loss_fn, inputs: dict, space: str):
+    """Per-sample loss and d(sum loss)/d v_theta through autograd (eager or compiled)."""
+    v_theta = inputs["v_theta"].detach().requires_grad_()
+    loss = loss_fn(v_theta, inputs["v_old"], inputs["v_target"], inputs["r"],
+                   sigma=inputs["sigma"], space=space)
+    (grad,) = torch.autograd.grad(loss.sum(), v_theta)
+    return loss.detach(), grad
+
+
+def _nft_callable(contender: str, inputs: dict, space: str):
+    if contender == "native":
+        args = (inputs["v_theta"], inputs["v_old"], inputs["v_target"], inputs["r"],
+                inputs["sigma"], 1.0, space == "x0")
+        return lambda: native.nft_loss_fwd(*args)
+    loss_fn = reference.nft_loss
+    if contender == "compile":
+        loss_fn = torch.compile(reference.nft_loss, dynamic=False)
+    return lambda: _reference_loss_and_grad(loss_fn, inputs, space)
+
+
+def _record(benchmark, group: str, contender: str) -> None:
+    """Remember this contender's median; the native entry stores its speedups."""
+    _MEDIANS[(group, contender)] = benchmark.stats.stats.median
+    if contender != "native":
+        return
+    for base in CONTENDERS[:-1]:
+        if (group, base) in _MEDIANS:
+            speedup = _MEDIANS[(group, base)] / _MEDIANS[(group, contender)]
+            benchmark.extra_info[f"speedup_vs_{base}"] = round(speedup, 2)
+
+
+@pytest.fixture(scope="module", params=NFT_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def nft_inputs(request):
+    b, d = request.param
+    gen = torch.Generator().manual_seed(0)
+    make = lambda: torch.randn(b, d, generator=gen)
+    return {"v_theta": make(), "v_old": make(), "v_target": make(),
+            "r": torch.rand(b, generator=gen), "sigma": torch.rand(b, generator=gen)}
+
+
+@pytest.mark.parametrize("contender", CONTENDERS)
+@pytest.mark.parametrize("space", SPACES)
+def test_nft_loss_and_grad(benchmark, nft_inputs, space, contender):
+    b, d = nft_inputs["v_theta"].shape
+    group = f"nft_loss+grad fp32 {b}x{d} {space}"
+    benchmark.group = group
+    fn = _nft_callable(contender, nft_inputs, space)
+    fn()  # warm-up outside the timed region (compiles the torch.compile contender)
+    benchmark.pedantic(fn, rounds=10, warmup_rounds=1)
+    _record(benchmark, group, contender)
+
+
+@pytest.fixture(scope="module")
+def flow_inputs():
+    s, k, d = FLOW_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(s, d, generator=gen), torch.rand(s, k, generator=gen),
+            torch.randn(s * k, d, generator=gen))
+
+
+@pytest.mark.parametrize("contender", CONTENDERS)
+def test_flow_noise(benchmark, flow_inputs, contender):
+    s, k, d = FLOW_SHAPE
+    group = f"flow_noise fp32 S={s} K={k} D={d}"
+    benchmark.group = group
+    fn = {"eager": reference.flow_noise,
+          "compile": torch.compile(reference.flow_noise, dynamic=False),
+          "native": native.flow_noise}[contender]
+    fn(*flow_inputs)  # warm-up outside the timed region
+    benchmark.pedantic(fn, args=flow_inputs, rounds=30, warmup_rounds=2)
+    _record(benchmark, group, contender)

@@ -1,0 +1,451 @@
+// Native CPU kernels of the fused ops, the extension module `kernels._native`:
+//   nft_loss_fwd(v_theta, v_old, v_target, r, sigma_or_None, beta, x0) -> (loss [B], grad [B, D])
+//   flow_noise(x0 [S, D], sigmas [S, K], noise [S*K, D]) -> (x_t, v_target) [S*K, D]
+// The math is DESIGN.md section 7 and kernels/reference.py; this file holds the argument
+// checks, the work split over threads and the pybind11 bindings. The vectorized inner loops
+// are in simd_kernels.h, compiled here once per instruction set (see "Instruction sets").
+
+#include <torch/extension.h>
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define WC_HAVE_X86_VARIANTS 1
+#else
+#define WC_HAVE_X86_VARIANTS 0
+#endif
+
+// ---- Instruction sets. The extension is built without -march flags so that one build runs on
+// any x86-64 or aarch64 machine. The inner loops are therefore compiled twice on x86-64: for
+// the baseline (SSE2) and, under a target pragma, for AVX2 + FMA + F16C (hardware fp16
+// conversion); the AVX2 copy is chosen at run time when the CPU has it. This keeps the build
+// to one translation unit and one compiler invocation, unlike ATen's per-capability files.
+
+#define WC_ISA generic
+#include "simd_kernels.h"
+#undef WC_ISA
+
+#if WC_HAVE_X86_VARIANTS
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define WC_ISA avx2
+#define WC_ISA_F16C 1
+#include "simd_kernels.h"
+#undef WC_ISA_F16C
+#undef WC_ISA
+#pragma GCC pop_options
+#endif
+
+namespace wc_native {
+namespace {
+
+enum class Isa { generic, avx2 };
+
+bool cpu_has_avx2() {
+#if WC_HAVE_X86_VARIANTS
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+Isa best_isa() { return cpu_has_avx2() ? Isa::avx2 : Isa::generic; }
+
+// The instruction set in use: the best one the CPU has, unless set_isa chose another.
+std::atomic<Isa> g_isa{best_isa()};
+
+// When set, outputs are filled with NaN before the kernels run, so a test can tell an element
+// the kernel never wrote from one it wrote (allocation may reuse memory holding old results).
+std::atomic<bool> g_poison_outputs{false};
+
+const char* isa_name(Isa isa) { return isa == Isa::avx2 ? "avx2" : "generic"; }
+
+std::vector<std::string> available_isas() {
+  std::vector<std::string> names{"generic"};
+  if (cpu_has_avx2()) names.emplace_back("avx2");
+  return names;
+}
+
+void set_isa(const std::string& name) {
+  const auto names = available_isas();
+  TORCH_CHECK(std::find(names.begin(), names.end(), name) != names.end(),
+              "set_isa: unknown or unsupported instruction set '", name, "'; this CPU supports ",
+              c10::Join(", ", names));
+  g_isa = name == "avx2" ? Isa::avx2 : Isa::generic;
+}
+
+// The inner loops of one instruction set for input type T and accumulation type A.
+template <class T, class A>
+struct Kernels {
+  void (*abs_sums)(const T*, const T*, const T*, int64_t, A, double*);
+  void (*square_sums_grad)(const T*, const T*, const T*, T*, int64_t, A, A, A, double*);
+  void (*flow_noise_segment)(const T*, const A*, int64_t, const T*, T*, T*, int64_t, int64_t);
+};
+
+template <class T, class A>
+Kernels<T, A> kernels() {
+#if WC_HAVE_X86_VARIANTS
+  if (g_isa == Isa::avx2) {
+    return {avx2::nft_abs_sums<T, A>, avx2::nft_square_sums_grad<T, A>,
+            avx2::flow_noise_segment<T, A>};
+  }
+#endif
+  return {generic::nft_abs_sums<T, A>, generic::nft_square_sums_grad<T, A>,
+          generic::flow_noise_segment<T, A>};
+}
+
+// ---- Work split. Rows are cut into chunks of at most kChunk elements; a chunk is one unit of
+// parallel work, and each chunk's partial sums are kept apart and added in chunk order. The
+// chunk boundaries do not depend on the thread count, so the results are bitwise identical for
+// any number of threads, and a single long row (B = 1) still spreads over all cores.
+constexpr int64_t kChunk = 16384;
+// The least number of elements worth handing to a thread.
+constexpr int64_t kMinTaskElements = 32768;
+
+struct RowChunks {
+  int64_t rows;
+  int64_t cols;
+  int64_t chunk;    // elements per chunk (the last chunk of a row may be shorter)
+  int64_t per_row;  // chunks per row
+
+  RowChunks(int64_t rows_, int64_t cols_, int64_t max_chunk)
+      : rows(rows_), cols(cols_), chunk(std::min(cols_, max_chunk)),
+        per_row((cols_ + chunk - 1) / chunk) {}
+
+  int64_t items() const { return rows * per_row; }
+  int64_t grain(int64_t work_per_element = 1) const {
+    return std::max<int64_t>(1, kMinTaskElements / (chunk * work_per_element));
+  }
+  int64_t row(int64_t item) const { return item / per_row; }
+  int64_t begin(int64_t item) const { return (item % per_row) * chunk; }
+  int64_t length(int64_t item) const { return std::min(chunk, cols - begin(item)); }
+};
+
+// Per-row totals of the two partial sums of every chunk, added in chunk order.
+std::vector<double> row_totals(const RowChunks& rc, const std::vector<double>& partial) {
+  std::vector<double> totals(2 * rc.rows, 0.0);
+  for (int64_t item = 0; item < rc.items(); ++item) {
+    totals[2 * rc.row(item)] += partial[2 * item];
+    totals[2 * rc.row(item) + 1] += partial[2 * item + 1];
+  }
+  return totals;
+}
+
+// ---- Argument checks.
+
+const char* dtype_name(at::ScalarType t) { return c10::toString(t); }
+
+void check_float_matrix(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor, got ", t.device());
+  TORCH_CHECK(t.dim() == 2, op, ": ", name, " must be 2-D, got shape ", t.sizes());
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous (call .contiguous())");
+  const auto dt = t.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
+              op, ": ", name, " must be float32, float16, bfloat16 or float64, got ",
+              dtype_name(dt));
+}
+
+void check_same(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
+                const at::Tensor& ref) {
+  check_float_matrix(op, name, t);
+  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", name, " must have the dtype of ",
+              ref_name, " (", dtype_name(ref.scalar_type()), "), got ",
+              dtype_name(t.scalar_type()));
+  TORCH_CHECK(t.sizes() == ref.sizes(), op, ": ", name, " must have the shape of ", ref_name,
+              " ", ref.sizes(), ", got ", t.sizes());
+}
+
+// A small per-row (or per-sample) float tensor of `shape`, returned in the accumulation type.
+at::Tensor checked_params(const char* op, const char* name, const at::Tensor& t,
+                          at::IntArrayRef shape, at::ScalarType acc) {
+  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor, got ", t.device());
+  TORCH_CHECK(t.sizes() == shape, op, ": ", name, " must have shape ", shape, ", got ",
+              t.sizes());
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous (call .contiguous())");
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, op, ": ", name,
+              " must be float32 or float64, got ", dtype_name(t.scalar_type()));
+  return t.to(acc);
+}
+
+at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+// ---- Outputs. A fresh 64 MiB gradient from the default allocator costs 16384 page faults,
+// which on a 2-core VM take longer than the kernel's arithmetic (about 17 ms against 10 ms for
+// 16M fp32 elements). Large outputs are therefore allocated 2 MiB-aligned and marked for
+// transparent huge pages (madvise), as c10 does for every allocation under
+// THP_MEM_ALLOC_ENABLE=1: 32 faults instead of 16384. Where the kernel refuses huge pages the
+// advice is ignored and nothing else changes.
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+void free_output(void* ptr) { std::free(ptr); }
+
+class HugePageAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    if (nbytes < 2 * kHugePage) return c10::GetCPUAllocator()->allocate(nbytes);
+    const size_t size = (nbytes + kHugePage - 1) / kHugePage * kHugePage;
+    void* ptr = nullptr;
+    TORCH_CHECK(posix_memalign(&ptr, kHugePage, size) == 0,
+                "kernels._native: out of memory allocating ", size, " bytes");
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(ptr, size, MADV_HUGEPAGE);
+#endif
+    return {ptr, ptr, &free_output, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+at::Tensor new_output(at::IntArrayRef shape, at::ScalarType dtype) {
+  static HugePageAllocator allocator;
+  at::Tensor out = at::detail::empty_generic(shape, &allocator,
+                                             c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
+                                             std::nullopt);
+  if (g_poison_outputs) out.fill_(std::numeric_limits<double>::quiet_NaN());
+  return out;
+}
+
+// ---- NFT loss.
+
+constexpr double kX0WeightFloor = 1e-5;
+
+// Per-row gradient constants: grad = ga*(v_old - v*) + gu*(v_theta - v_old), from
+// grad = c_pos*d+ - c_neg*d- with d+- = a +- beta*u.
+struct GradCoeffs {
+  double ga;
+  double gu;
+};
+
+GradCoeffs grad_coeffs(double c_pos, double c_neg, double beta) {
+  return {c_pos - c_neg, beta * (c_pos + c_neg)};
+}
+
+// x0 space, pass 1: the weights w+- = max(sigma * mean|d+-|, floor) of every row.
+template <class T, class A>
+std::vector<double> x0_weights(const Kernels<T, A>& k, const RowChunks& rc, const T* vt,
+                               const T* vo, const T* vs, const A* sigma, A beta) {
+  std::vector<double> partial(2 * rc.items());
+  at::parallel_for(0, rc.items(), rc.grain(), [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t offset = rc.row(item) * rc.cols + rc.begin(item);
+      k.abs_sums(vt + offset, vo + offset, vs + offset, rc.length(item), beta,
+                 &partial[2 * item]);
+    }
+  });
+  std::vector<double> w = row_totals(rc, partial);
+  for (int64_t row = 0; row < rc.rows; ++row) {
+    const double scale = static_cast<double>(sigma[row]) / static_cast<double>(rc.cols);
+    w[2 * row] = std::max(scale * w[2 * row], kX0WeightFloor);
+    w[2 * row + 1] = std::max(scale * w[2 * row + 1], kX0WeightFloor);
+  }
+  return w;
+}
+
+// Row factors f+- such that L = f+ * sum(d+^2) + f- * sum(d-^2) and dL/dd+- = 2 f+- d+-:
+// velocity f+ = r/D, f- = (1-r)/D; x0 f+ = r s^2/(D w+), f- = (1-r) s^2/(D w-).
+template <class A>
+std::vector<double> loss_factors(int64_t rows, int64_t cols, const A* r, const A* sigma,
+                                 const std::vector<double>& w) {
+  std::vector<double> f(2 * rows);
+  for (int64_t row = 0; row < rows; ++row) {
+    const double rr = r[row];
+    double scale = 1.0 / static_cast<double>(cols);
+    double pos = scale, neg = scale;
+    if (sigma != nullptr) {
+      scale *= static_cast<double>(sigma[row]) * static_cast<double>(sigma[row]);
+      pos = scale / w[2 * row];
+      neg = scale / w[2 * row + 1];
+    }
+    f[2 * row] = rr * pos;
+    f[2 * row + 1] = (1.0 - rr) * neg;
+  }
+  return f;
+}
+
+template <class T, class A>
+void nft_loss_typed(const at::Tensor& v_theta, const at::Tensor& v_old, const at::Tensor& v_target,
+                    const at::Tensor& r, const std::optional<at::Tensor>& sigma, double beta,
+                    at::Tensor& loss, at::Tensor& grad) {
+  const Kernels<T, A> k = kernels<T, A>();
+  const RowChunks rc(v_theta.size(0), v_theta.size(1), kChunk);
+  const T* vt = v_theta.const_data_ptr<T>();
+  const T* vo = v_old.const_data_ptr<T>();
+  const T* vs = v_target.const_data_ptr<T>();
+  const A* sig = sigma ? sigma->const_data_ptr<A>() : nullptr;
+  const A b = static_cast<A>(beta);
+
+  const std::vector<double> w =
+      sig ? x0_weights(k, rc, vt, vo, vs, sig, b) : std::vector<double>();
+  const std::vector<double> f = loss_factors(rc.rows, rc.cols, r.const_data_ptr<A>(), sig, w);
+
+  T* g = grad.data_ptr<T>();
+  std::vector<double> partial(2 * rc.items());
+  at::parallel_for(0, rc.items(), rc.grain(), [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t row = rc.row(item);
+      const int64_t offset = row * rc.cols + rc.begin(item);
+      const GradCoeffs c = grad_coeffs(2.0 * beta * f[2 * row], 2.0 * beta * f[2 * row + 1],
+                                       beta);
+      k.square_sums_grad(vt + offset, vo + offset, vs + offset, g + offset, rc.length(item), b,
+                         static_cast<A>(c.ga), static_cast<A>(c.gu), &partial[2 * item]);
+    }
+  });
+  const std::vector<double> sums = row_totals(rc, partial);
+  A* out = loss.data_ptr<A>();
+  for (int64_t row = 0; row < rc.rows; ++row) {
+    out[row] = static_cast<A>(f[2 * row] * sums[2 * row] + f[2 * row + 1] * sums[2 * row + 1]);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> nft_loss_fwd(const at::Tensor& v_theta,
+                                                const at::Tensor& v_old,
+                                                const at::Tensor& v_target, const at::Tensor& r,
+                                                const std::optional<at::Tensor>& sigma,
+                                                double beta, bool x0) {
+  constexpr const char* op = "nft_loss_fwd";
+  check_float_matrix(op, "v_theta", v_theta);
+  check_same(op, "v_old", v_old, "v_theta", v_theta);
+  check_same(op, "v_target", v_target, "v_theta", v_theta);
+  TORCH_CHECK(v_theta.size(1) > 0, op, ": rows must be non-empty, got shape ", v_theta.sizes());
+  TORCH_CHECK(std::isfinite(beta), op, ": beta must be finite, got ", beta);
+  TORCH_CHECK(!x0 || sigma.has_value(), op, ": sigma [B] is required for the x0 space");
+  const int64_t rows = v_theta.size(0);
+  const at::ScalarType dt = v_theta.scalar_type();
+  const at::ScalarType acc = acc_type(dt);
+  const at::Tensor rr = checked_params(op, "r", r, {rows}, acc);
+  std::optional<at::Tensor> sig;
+  if (x0) sig = checked_params(op, "sigma", *sigma, {rows}, acc);
+
+  at::Tensor loss = new_output({rows}, acc);
+  at::Tensor grad = new_output(v_theta.sizes(), dt);
+  if (rows == 0) return {loss, grad};
+  switch (dt) {
+    case at::kFloat:
+      nft_loss_typed<float, float>(v_theta, v_old, v_target, rr, sig, beta, loss, grad);
+      break;
+    case at::kDouble:
+      nft_loss_typed<double, double>(v_theta, v_old, v_target, rr, sig, beta, loss, grad);
+      break;
+    case at::kHalf:
+      nft_loss_typed<c10::Half, float>(v_theta, v_old, v_target, rr, sig, beta, loss, grad);
+      break;
+    default:
+      nft_loss_typed<c10::BFloat16, float>(v_theta, v_old, v_target, rr, sig, beta, loss, grad);
+      break;
+  }
+  return {loss, grad};
+}
+
+// ---- Flow noise. The unit of work is one x0 row segment with its K noisy copies.
+
+constexpr int64_t kNoiseSegment = 4096;
+
+template <class T, class A>
+void flow_noise_typed(const at::Tensor& x0, const at::Tensor& sigmas, const at::Tensor& noise,
+                      at::Tensor& x_t, at::Tensor& v_target) {
+  const Kernels<T, A> k = kernels<T, A>();
+  const int64_t n_sig = sigmas.size(1);
+  const RowChunks rc(x0.size(0), x0.size(1), kNoiseSegment);
+  const T* x = x0.const_data_ptr<T>();
+  const A* sig = sigmas.const_data_ptr<A>();
+  const T* eps = noise.const_data_ptr<T>();
+  T* xt = x_t.data_ptr<T>();
+  T* v = v_target.data_ptr<T>();
+  at::parallel_for(0, rc.items(), rc.grain(2 * n_sig), [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t row = rc.row(item);
+      const int64_t col = rc.begin(item);
+      const int64_t out = row * n_sig * rc.cols + col;  // element of row s*K, column col
+      k.flow_noise_segment(x + row * rc.cols + col, sig + row * n_sig, n_sig, eps + out,
+                           xt + out, v + out, rc.length(item), rc.cols);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> flow_noise(const at::Tensor& x0, const at::Tensor& sigmas,
+                                              const at::Tensor& noise) {
+  constexpr const char* op = "flow_noise";
+  check_float_matrix(op, "x0", x0);
+  check_float_matrix(op, "noise", noise);
+  TORCH_CHECK(noise.scalar_type() == x0.scalar_type(), op, ": noise must have the dtype of x0 (",
+              dtype_name(x0.scalar_type()), "), got ", dtype_name(noise.scalar_type()));
+  TORCH_CHECK(sigmas.dim() == 2 && sigmas.size(0) == x0.size(0), op,
+              ": sigmas must have shape [S, K] with S = x0.size(0) = ", x0.size(0), ", got ",
+              sigmas.sizes());
+  const int64_t rows = x0.size(0) * sigmas.size(1);
+  TORCH_CHECK(noise.size(0) == rows && noise.size(1) == x0.size(1), op,
+              ": noise must have shape [S*K, D] = [", rows, ", ", x0.size(1), "], got ",
+              noise.sizes());
+  const at::ScalarType dt = x0.scalar_type();
+  const at::Tensor sig = checked_params(op, "sigmas", sigmas, sigmas.sizes(), acc_type(dt));
+
+  at::Tensor x_t = new_output(noise.sizes(), dt);
+  at::Tensor v_target = new_output(noise.sizes(), dt);
+  if (noise.numel() == 0) return {x_t, v_target};
+  switch (dt) {
+    case at::kFloat:
+      flow_noise_typed<float, float>(x0, sig, noise, x_t, v_target);
+      break;
+    case at::kDouble:
+      flow_noise_typed<double, double>(x0, sig, noise, x_t, v_target);
+      break;
+    case at::kHalf:
+      flow_noise_typed<c10::Half, float>(x0, sig, noise, x_t, v_target);
+      break;
+    default:
+      flow_noise_typed<c10::BFloat16, float>(x0, sig, noise, x_t, v_target);
+      break;
+  }
+  return {x_t, v_target};
+}
+
+}  // namespace
+}  // namespace wc_native
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  using namespace wc_native;
+  m.doc() = "Native CPU kernels of the fused ops nft_loss and flow_noise (kernels._native).";
+  m.def("nft_loss_fwd", &nft_loss_fwd, py::arg("v_theta"), py::arg("v_old"),
+        py::arg("v_target"), py::arg("r"), py::arg("sigma"), py::arg("beta"), py::arg("x0"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Per-sample NFT loss [B] (float32; float64 for float64 inputs) and its gradient with "
+        "respect to v_theta [B, D], in one pass (two for x0=True). Inputs: contiguous [B, D] "
+        "tensors of one dtype; r and sigma [B]; sigma is required when x0=True and ignored "
+        "otherwise.");
+  m.def("flow_noise", &flow_noise, py::arg("x0"), py::arg("sigmas"), py::arg("noise"),
+        py::call_guard<py::gil_scoped_release>(),
+        "x_t = (1 - sigma) x0 + sigma noise and v_target = noise - x0 for K sigmas per row: "
+        "x0 [S, D], sigmas [S, K], noise [S*K, D] -> (x_t, v_target) [S*K, D] in x0's dtype.");
+  m.def("isa", [] { return std::string(isa_name(g_isa)); },
+        "The instruction set the kernels use: 'avx2' or 'generic'.");
+  m.def("available_isas", &available_isas, "Instruction sets this CPU can run.");
+  m.def("set_isa", &set_isa, py::arg("name"),
+        "Use the inner loops built for `name` (tests and benchmarks compare them).");
+  m.def("set_poison_outputs", [](bool on) { g_poison_outputs = on; }, py::arg("on"),
+        "Fill outputs with NaN before computing them, so tests catch unwritten elements.");
+}
