@@ -147,3 +147,27 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="batch must be 1"):
         model.extend_cache(model.empty_cache(), frames.expand(2, -1, -1, -1, -1),
                            actions.expand(2, -1), sigma=0.014)
+
+
+def test_teacher_forced_velocity_equals_cached_velocity_per_clip():
+    model = _model()
+    frames, _ = _history(3)
+    g = torch.Generator().manual_seed(7)
+    b = 2
+    frames = frames.expand(b, -1, -1, -1, -1).clone()
+    frames[1] += 0.3
+    actions = torch.randint(0, 81, (b, 6), generator=g)
+    x_t = torch.randn(b, 6, 3, 16, 16, generator=g, dtype=torch.float64)
+    sigma = torch.rand(b, 3, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        tf = model.teacher_forced_velocity(frames, actions, x_t, sigma, context_sigma=0.02)
+        for row in range(b):
+            hist_actions = torch.cat([torch.zeros(1, 1, dtype=torch.long), actions[row:row + 1]],
+                                     dim=1)
+            for j in range(3):
+                cache = model.extend_cache(model.empty_cache(), frames[row:row + 1, :1 + 2 * j],
+                                           hist_actions[:, :1 + 2 * j], sigma=0.02)
+                clip = slice(2 * j, 2 * j + 2)
+                want = model.velocity(x_t[row:row + 1, clip], sigma[row:row + 1, j],
+                                      actions[row:row + 1, clip], cache)
+                torch.testing.assert_close(tf[row:row + 1, clip], want, rtol=1e-9, atol=1e-9)

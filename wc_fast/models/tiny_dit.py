@@ -169,9 +169,11 @@ class TinyWorldDiT(nn.Module):
                              "depth, heads)")
 
     def _conditioning(self, sigma: Tensor, actions: Tensor) -> Tensor:
-        """``sigma`` ``[B]``, ``actions`` ``[B, F]`` -> per-frame condition ``[B, F, D]`` (fp32)."""
-        t = self.sigma_mlp(sigma_embedding(sigma))
-        return t[:, None, :] + self.action_embed(actions)
+        """``sigma`` ``[B]`` or ``[B, F]``, ``actions`` ``[B, F]`` -> condition ``[B, F, D]``."""
+        b, f = actions.shape
+        per_frame = sigma.reshape(b, -1).expand(b, f).reshape(-1)
+        t = self.sigma_mlp(sigma_embedding(per_frame)).reshape(b, f, -1)
+        return t + self.action_embed(actions)
 
     def patchify(self, frames: Tensor) -> Tensor:
         """``[B, F, C, H, W]`` -> tokens ``[B, F*g*g, C*p*p]`` (frame-major, then row, column)."""
@@ -185,10 +187,6 @@ class TinyWorldDiT(nn.Module):
         p, g, c = self.cfg.patch, self.grid, self.cfg.channels
         x = tokens.reshape(b, frames, g, g, c, p, p).permute(0, 1, 4, 2, 5, 3, 6)
         return x.reshape(b, frames, c, g * p, g * p)
-
-    def _angles(self, start: int, frames: int, device: torch.device) -> Tensor:
-        pos = torch.arange(start, start + frames, device=device)
-        return rope_angles(pos, self.grid, self.cfg.dim // self.cfg.heads)
 
     def _autocast(self, device: torch.device):
         dtype = _DTYPES[self.cfg.dtype]
@@ -236,26 +234,75 @@ class TinyWorldDiT(nn.Module):
         """The cache :meth:`extend_cache` builds from empty, in ONE block-causal forward.
 
         All chunks run together with a mask (a token sees its own chunk and earlier ones):
-        fewer, larger matmuls than chunk by chunk, e.g. for teacher-forced pretraining.
+        fewer, larger matmuls than chunk by chunk.
         """
         self._check_frames("frames", frames)
         if frames.shape[0] != 1:
             raise ValueError(f"history frames are shared: batch must be 1, got {frames.shape[0]}")
         actions = self._check_actions(actions, 1, frames.shape[1]).clone()
         actions[:, 0] = PROMPT_ACTION
-        sizes = self._chunks(self.empty_cache(), frames.shape[1])
-        chunk_of_frame = torch.repeat_interleave(torch.arange(len(sizes), device=frames.device),
-                                                 torch.tensor(sizes, device=frames.device))
-        chunk = chunk_of_frame.repeat_interleave(self.tokens_per_frame)
-        mask = chunk[:, None] >= chunk[None, :]
-
-        def attend(q, k, v):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
+        chunk = self._chunk_ids(frames.shape[1], frames.device)
+        attend = self._masked_attend(chunk[:, None] >= chunk[None, :])
         sig = torch.full((1,), float(sigma), device=frames.device)
         _, keys, values = self._run(frames, sig, actions, self.empty_cache(), attend=attend)
         return ContextCache(keys=keys, values=values, num_frames=frames.shape[1],
                             signature=self.signature)
+
+    def teacher_forced_velocity(self, frames: Tensor, actions: Tensor, x_t: Tensor,
+                                sigma: Tensor, *, context_sigma: float) -> Tensor:
+        """Velocity of every clip of a sequence given its clean history, in one forward.
+
+        ``frames`` ``[B, 1 + N*F, C, H, W]`` clean (prompt first), ``actions`` ``[B, N*F]``,
+        ``x_t`` ``[B, N*F, C, H, W]`` noisy clips at ``sigma`` ``[B, N]`` -> ``[B, N*F, ...]``.
+        Noisy clip ``j`` sees the clean prompt and clean clips ``< j`` (at ``context_sigma``)
+        and itself, exactly what :meth:`velocity` sees with a cache of that history.
+        """
+        self._check_frames("frames", frames)
+        self._check_frames("x_t", x_t)
+        b, total = frames.shape[:2]
+        f = self.clip_frames
+        if (total - 1) % f or x_t.shape[:2] != (b, total - 1):
+            raise ValueError(f"frames must be [B, 1 + N*{f}] and x_t [B, N*{f}], got "
+                             f"{tuple(frames.shape[:2])} and {tuple(x_t.shape[:2])}")
+        n = (total - 1) // f
+        if tuple(sigma.shape) != (b, n):
+            raise ValueError(f"sigma must have shape [{b}, {n}] (one per clip), got "
+                             f"{tuple(sigma.shape)}")
+        actions = self._check_actions(actions, b, total - 1)
+        device = frames.device
+        prompt = torch.full((b, 1), PROMPT_ACTION, dtype=actions.dtype, device=device)
+        all_actions = torch.cat([prompt, actions, actions], dim=1)
+        all_sigma = torch.cat([torch.full((b, total), float(context_sigma), device=device,
+                                          dtype=sigma.dtype),
+                               sigma.repeat_interleave(f, dim=1)], dim=1)
+        positions = torch.cat([torch.arange(total, device=device),
+                               torch.arange(1, total, device=device)])
+        clean = self._chunk_ids(total, device)
+        noisy = clean[1:]
+        sees_clean = torch.cat([clean[:, None] >= clean[None, :],
+                                noisy[:, None] > clean[None, :]])
+        sees_noisy = torch.cat([torch.zeros(total, total - 1, dtype=torch.bool, device=device),
+                                noisy[:, None] == noisy[None, :]])
+        attend = self._masked_attend(torch.cat([sees_clean, sees_noisy], dim=1))
+        out, _, _ = self._run(torch.cat([frames, x_t], dim=1), all_sigma, all_actions,
+                              self.empty_cache(), attend=attend, positions=positions)
+        return out[:, total:]
+
+    def _chunk_ids(self, frames: int, device: torch.device) -> Tensor:
+        """Chunk index of every frame of a history that starts with the prompt frame."""
+        sizes = self._chunks(self.empty_cache(), frames)
+        return torch.repeat_interleave(torch.arange(len(sizes), device=device),
+                                       torch.tensor(sizes, device=device))
+
+    def _masked_attend(self, frame_mask: Tensor):
+        """SDPA with a frame-level boolean mask ``[F, F]`` expanded to tokens."""
+        t = self.tokens_per_frame
+        mask = frame_mask.repeat_interleave(t, dim=0).repeat_interleave(t, dim=1)
+
+        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+        return attend
 
     def _append_chunk(self, cache: ContextCache, frames: Tensor, actions: Tensor,
                       sigma: float) -> ContextCache:
@@ -292,14 +339,19 @@ class TinyWorldDiT(nn.Module):
         return out
 
     def _run(self, frames: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache,
-             attend=None) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+             attend=None, positions: Tensor | None = None
+             ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Run all blocks on one chunk per row against the shared history in ``cache``.
 
-        ``attend(q, k, v)`` replaces the shared-prefix attention when given (masked variants).
+        ``sigma`` ``[B]`` or per frame ``[B, F]``. ``attend(q, k, v)`` replaces the
+        shared-prefix attention and ``positions`` ``[F]`` the frame positions when given
+        (masked whole-sequence variants).
         """
         b, f = frames.shape[:2]
         device = frames.device
-        angles = self._angles(cache.num_frames, f, device)
+        if positions is None:
+            positions = torch.arange(cache.num_frames, cache.num_frames + f, device=device)
+        angles = rope_angles(positions, self.grid, self.cfg.dim // self.cfg.heads)
         param_dtype = self.patch_embed.weight.dtype
         cond = self._conditioning(sigma.to(param_dtype), actions)
         with self._autocast(device):
