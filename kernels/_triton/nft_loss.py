@@ -36,7 +36,7 @@ from kernels._triton import (
 )
 
 X0_WEIGHT_FLOOR = 1e-5
-GPU_BLOCK = 2048
+GPU_BLOCK = 2048  # per loop step: 8 elements per thread, one 16-byte load for bf16
 GPU_WARPS = 8
 
 
