@@ -22,8 +22,12 @@ def default_preset() -> str:
     return "paper" if torch.cuda.is_available() else "cpu"
 
 
-def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = None) -> RunArgs:
-    """Parse ``[--preset NAME] [--out DIR] [--steps N] [--resume] [--section.field VALUE]``."""
+def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = None, *,
+                   steps_field: str = "train.steps", out_field: str = "train.out") -> RunArgs:
+    """Parse ``[--preset NAME] [--out DIR] [--steps N] [--resume] [--section.field VALUE]``.
+
+    ``--out`` and ``--steps`` set ``out_field`` and ``steps_field``.
+    """
     parser = argparse.ArgumentParser(
         prog=prog, description=description,
         epilog="Any config field can be set as --section.field VALUE (e.g. --rollout.steps 8, "
@@ -31,17 +35,17 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
                + ", ".join(config_lib.SECTIONS) + ".")
     parser.add_argument("--preset", choices=config_lib.PRESETS, default=None,
                         help="named configuration (default: paper with CUDA, cpu without)")
-    parser.add_argument("--out", default=None, help="output directory (train.out)")
-    parser.add_argument("--steps", type=int, default=None, help="iterations (train.steps)")
+    parser.add_argument("--out", default=None, help=f"output directory ({out_field})")
+    parser.add_argument("--steps", type=int, default=None, help=f"iterations ({steps_field})")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in --out")
     args, rest = parser.parse_known_args(argv)
     cfg = config_lib.preset(args.preset or default_preset())
     overrides = _pairs(parser, rest)
     if args.out is not None:
-        overrides.append(("train.out", args.out))
+        overrides.append((out_field, args.out))
     if args.steps is not None:
-        overrides.append(("train.steps", str(args.steps)))
+        overrides.append((steps_field, str(args.steps)))
     for path, text in overrides:
         try:
             config_lib.apply_override(cfg, path, text)

@@ -110,6 +110,26 @@ class TrainConfig:
 
 
 @dataclass(slots=True)
+class PretrainConfig:
+    """Flow-matching pretraining of the embedded world model (``python -m wc_fast.pretrain``)."""
+
+    steps: int = 3000
+    batch_size: int = 8
+    num_clips: int = 3
+    lr: float = 5e-4
+    weight_decay: float = 0.01
+    warmup: int = 100
+    grad_clip: float = 1.0
+    ema: float = 0.995
+    composite_fraction: float = 0.1
+    seed: int = 0
+    out: str = "runs/pretrain"
+    ckpt_every: int = 200
+    eval_every: int = 500
+    keep_last: int = 2
+
+
+@dataclass(slots=True)
 class Config:
     """A whole run."""
 
@@ -121,6 +141,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
 
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "preset")
@@ -334,6 +355,21 @@ def validate(cfg: Config) -> None:
     _choices("ema.schedule", em.schedule, ("linear", "official", "constant"))
     _require(0.0 <= em.start <= 1.0, "ema.start", "in [0, 1]", em.start)
     _require(0.0 <= em.end <= 1.0, "ema.end", "in [0, 1]", em.end)
+    pt = cfg.pretrain
+    for path, value in (("pretrain.steps", pt.steps), ("pretrain.batch_size", pt.batch_size),
+                        ("pretrain.num_clips", pt.num_clips), ("pretrain.ckpt_every",
+                                                               pt.ckpt_every),
+                        ("pretrain.eval_every", pt.eval_every),
+                        ("pretrain.keep_last", pt.keep_last)):
+        _require(value >= 1, path, "an integer >= 1", value)
+    _require(pt.lr > 0, "pretrain.lr", "> 0", pt.lr)
+    _require(pt.warmup >= 0, "pretrain.warmup", ">= 0", pt.warmup)
+    _require(pt.weight_decay >= 0, "pretrain.weight_decay", ">= 0", pt.weight_decay)
+    _require(pt.grad_clip >= 0, "pretrain.grad_clip", ">= 0 (0 = off)", pt.grad_clip)
+    _require(0.0 <= pt.ema < 1.0, "pretrain.ema", "in [0, 1)", pt.ema)
+    _require(0.0 <= pt.composite_fraction <= 1.0, "pretrain.composite_fraction", "in [0, 1]",
+             pt.composite_fraction)
+    _require(bool(pt.out), "pretrain.out", "a non-empty path", pt.out)
     _choices("train.device", tr.device, ("auto", "cpu", "cuda"))
     _choices("train.distributed", tr.distributed, ("ddp", "fsdp2"))
     _require(bool(tr.out), "train.out", "a non-empty path", tr.out)

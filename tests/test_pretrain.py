@@ -1,0 +1,53 @@
+"""Pretraining: the loss goes down, and an interrupted run resumes exactly."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from wc_fast import checkpoint
+from wc_fast.pretrain import main
+
+SMALL = ["--preset", "smoke", "--pretrain.batch_size", "2", "--pretrain.num_clips", "2",
+         "--pretrain.warmup", "1"]
+
+
+def _weights(path):
+    return load_file(path / "base_model.safetensors")
+
+
+def test_interrupted_run_resumes_exactly(tmp_path):
+    args = [*SMALL, "--steps", "4", "--out", str(tmp_path), "--pretrain.ckpt_every", "2"]
+    assert main(args) == 0
+    uninterrupted = _weights(tmp_path)
+    # simulate a crash after the step-2 checkpoint: the step-4 one and the export never happened
+    final = checkpoint.latest(tmp_path)
+    assert final.name.endswith("00000004")
+    shutil.rmtree(final)
+    (tmp_path / "base_model.safetensors").unlink()
+    assert main([*args, "--resume"]) == 0
+    a, b = uninterrupted, _weights(tmp_path)
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+
+
+def test_resume_refuses_another_config(tmp_path):
+    assert main([*SMALL, "--steps", "1", "--out", str(tmp_path)]) == 0
+    with pytest.raises(checkpoint.CheckpointError, match="pretrain.lr"):
+        main([*SMALL, "--steps", "2", "--out", str(tmp_path), "--resume",
+              "--pretrain.lr", "0.1"])
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint found"):
+        main([*SMALL, "--steps", "1", "--out", str(tmp_path / "empty"), "--resume"])
+
+
+def test_a_few_steps_lower_the_loss(tmp_path):
+    assert main([*SMALL, "--steps", "30", "--out", str(tmp_path), "--pretrain.lr", "3e-3",
+                 "--pretrain.ckpt_every", "30", "--pretrain.num_clips", "1"]) == 0
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "loss.jsonl").open()]
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5

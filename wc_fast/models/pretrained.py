@@ -1,0 +1,48 @@
+"""The shipped base world model: load it, or export a new one (with its model card)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from wc_fast.config import ModelConfig
+from wc_fast.models.tiny_dit import TinyWorldDiT
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+BASE_WEIGHTS = ASSETS / "base_model.safetensors"
+BASE_CARD = ASSETS / "base_model.json"
+
+
+def load_world_model(weights: str | Path = BASE_WEIGHTS, *, device: torch.device | str = "cpu"
+                     ) -> TinyWorldDiT:
+    """A :class:`TinyWorldDiT` from ``weights`` (``.safetensors`` with a ``.json`` card beside).
+
+    The card holds the model config. Missing files raise ``FileNotFoundError`` naming the path
+    and the command that produces them.
+    """
+    weights = Path(weights)
+    card_path = weights.with_suffix(".json")
+    for path in (weights, card_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"world model file {path} not found; train one with "
+                                    "`python -m wc_fast.pretrain` (it exports "
+                                    "<out>/base_model.safetensors and .json)")
+    card = json.loads(card_path.read_text())
+    model = TinyWorldDiT(ModelConfig(**card["model"]))
+    model.load_state_dict(load_file(weights))
+    return model.to(device).eval()
+
+
+def export_world_model(model: TinyWorldDiT, path: str | Path, card: dict) -> Path:
+    """Write ``path`` (``.safetensors``) and its ``.json`` card (``card`` plus the model config)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(weights, path)
+    path.with_suffix(".json").write_text(json.dumps({**card, "model": asdict(model.cfg)},
+                                                    indent=2))
+    return path

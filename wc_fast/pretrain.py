@@ -1,0 +1,139 @@
+"""``python -m wc_fast.pretrain``: flow-matching pretraining of the embedded world model.
+
+Teacher-forced and autoregressive over clips: every clip of a rendered sequence is denoised
+given its clean history (seen at ``model.context_sigma``, with that much noise added), all
+clips in one masked forward (:meth:`TinyWorldDiT.teacher_forced_velocity`). Sequences come
+from the synthetic world with mostly basic actions (``pretrain.composite_fraction``), so the
+base model follows single keys far better than combinations, like WorldPlay.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from tqdm import tqdm
+
+from kernels import flow_noise
+from wc_fast import checkpoint
+from wc_fast import config as config_lib
+from wc_fast.cli import parse_run_args
+from wc_fast.models import TinyWorldDiT
+from wc_fast.models.pretrained import export_world_model
+from wc_fast.runtime import generator, resolve_device
+from wc_fast.world import batch_seed, sample_sequences
+
+# fields that may change between an interrupted run and its resumption
+RESUMABLE_CHANGES = ("pretrain.steps", "pretrain.out", "pretrain.ckpt_every",
+                     "pretrain.eval_every", "pretrain.keep_last", "train.device")
+
+
+def shifted(u: torch.Tensor, shift: float) -> torch.Tensor:
+    """The sampler's time shift applied to uniform ``u``: training sigmas match sampling."""
+    return shift * u / (1.0 + (shift - 1.0) * u)
+
+
+def flow_matching_loss(model: TinyWorldDiT, frames: torch.Tensor, actions: torch.Tensor, *,
+                       shift: float, gen: torch.Generator) -> torch.Tensor:
+    """Velocity MSE over every clip of ``frames`` ``[B, 1 + N*F, C, H, W]``.
+
+    Each clip gets its own sigma (shifted uniform) and noise; the clean history gets noise at
+    the context sigma the model is conditioned on.
+    """
+    b, total = frames.shape[:2]
+    f = model.clip_frames
+    n = (total - 1) // f
+    device = frames.device
+    x0 = frames[:, 1:].reshape(b * n, f, *frames.shape[2:])
+    sigma = shifted(torch.rand(b * n, 1, generator=gen, device=device), shift)
+    noise = torch.randn(x0.shape, generator=gen, device=device)
+    x_t, v_target = flow_noise(x0, sigma, noise)
+    ctx_sigma = model.cfg.context_sigma
+    context = (1 - ctx_sigma) * frames + ctx_sigma * torch.randn(frames.shape, generator=gen,
+                                                                  device=device)
+    v = model.teacher_forced_velocity(context, actions, x_t.reshape(b, n * f, *x0.shape[2:]),
+                                      sigma.reshape(b, n), context_sigma=ctx_sigma)
+    return (v - v_target.reshape(v.shape)).square().mean()
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warmup, then cosine decay to 10%."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    run = parse_run_args("python -m wc_fast.pretrain", "Pretrain the embedded world model.",
+                         argv, steps_field="pretrain.steps", out_field="pretrain.out")
+    cfg, pt = run.config, run.config.pretrain
+    device = resolve_device(cfg.train.device)
+    out = Path(pt.out)
+    torch.manual_seed(pt.seed)
+    model = TinyWorldDiT(cfg.model).to(device)
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(pt.ema), use_buffers=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=pt.lr, betas=(0.9, 0.99),
+                                  weight_decay=pt.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, pt.warmup, pt.steps))
+    start, log = 0, []
+    if run.resume:
+        ckpt = checkpoint.load(checkpoint.latest(out), models={"model": model, "ema": ema})
+        diffs = checkpoint.config_mismatch(ckpt.config, config_lib.to_dict(cfg),
+                                           ignore=RESUMABLE_CHANGES)
+        if diffs:
+            raise checkpoint.CheckpointError("cannot resume with another config: "
+                                             + "; ".join(diffs))
+        optimizer.load_state_dict(ckpt.state["optimizer"])
+        schedule.load_state_dict(ckpt.state["schedule"])
+        start, log = ckpt.step, ckpt.state["log"]
+        print(f"resumed from {ckpt.path} at step {start}")
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"pretraining TinyWorldDiT ({n_params / 1e6:.2f} M parameters) on {device}: "
+          f"{pt.steps} steps of {pt.batch_size} sequences x {pt.num_clips} clips")
+    t0 = time.perf_counter()
+    bar = tqdm(range(start, pt.steps), initial=start, total=pt.steps, desc="pretrain",
+               dynamic_ncols=True)
+    for step in bar:
+        batch = sample_sequences(pt.batch_size, num_clips=pt.num_clips,
+                                 seed=batch_seed(pt.seed, step),
+                                 composite_fraction=pt.composite_fraction,
+                                 clip_frames=cfg.model.clip_frames,
+                                 resolution=cfg.model.resolution)
+        loss = flow_matching_loss(model, batch.frames.to(device), batch.actions.to(device),
+                                  shift=cfg.rollout.shift,
+                                  gen=generator(pt.seed, step, "noise", device=device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if pt.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), pt.grad_clip)
+        optimizer.step()
+        schedule.step()
+        ema.update_parameters(model)
+        log.append({"step": step + 1, "loss": loss.item(), "lr": schedule.get_last_lr()[0]})
+        bar.set_postfix(loss=f"{loss.item():.4f}")
+        if (step + 1) % pt.ckpt_every == 0 or step + 1 == pt.steps:
+            checkpoint.save(out, step + 1, models={"model": model, "ema": ema},
+                            config=config_lib.to_dict(cfg), keep_last=pt.keep_last,
+                            state={"optimizer": optimizer.state_dict(),
+                                   "schedule": schedule.state_dict(), "log": log})
+    wall = time.perf_counter() - t0
+    card = {"steps": pt.steps, "batch_size": pt.batch_size, "num_clips": pt.num_clips,
+            "composite_fraction": pt.composite_fraction, "seed": pt.seed, "lr": pt.lr,
+            "wall_seconds_this_run": round(wall, 1), "device": str(device),
+            "final_loss": log[-1]["loss"] if log else None}
+    path = export_world_model(ema.module, out / "base_model.safetensors", card)
+    (out / "loss.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    print(f"exported the EMA weights to {path} ({wall / 60:.1f} min this run)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
