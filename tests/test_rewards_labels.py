@@ -135,3 +135,16 @@ def test_basic_and_composite_classes():
     assert actions.is_basic(ids).tolist() == [False, True, True, False, False, False, False]
     assert actions.is_composite(ids).tolist() == [False, False, False, True, True, True, True]
     assert actions.describe(6 * 9 + 2) == "forward+left+yaw_left"
+
+
+def test_action_accuracy_gives_no_partial_credit():
+    from wc_fast.rewards.interaction import action_accuracy
+
+    # frame 1: forward only (commanded forward + yaw right); frame 2: exactly forward
+    poses = [torch.eye(4, dtype=torch.float64)]
+    for step in (shift(0, 0, 0.1), shift(0, 0, 0.1)):
+        poses.append(poses[-1] @ step)
+    c2w = torch.stack(poses)
+    trans_gt, rot_gt = torch.tensor([1, 1]), torch.tensor([1, 0])
+    assert action_accuracy(c2w, trans_gt, rot_gt).item() == pytest.approx(0.5)
+    assert interaction_score(c2w, trans_gt, rot_gt).item() == pytest.approx((1.0 + 0.5) / 2)

@@ -95,6 +95,51 @@ def poses_to_labels(c2w: Tensor, *, trans_threshold: float, rot_threshold_deg: f
     return trans[0], rot
 
 
+def _check_labels(name: str, gt: object, frames: int) -> None:
+    if not isinstance(gt, Tensor) or gt.dtype.is_floating_point or gt.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor of labels 0..8")
+    if gt.dim() == 0 or gt.shape[-1] != frames:
+        raise ValueError(f"{name} must have shape [..., F={frames}] (one label per new "
+                         f"frame), got {tuple(gt.shape)}")
+    if gt.numel() and (int(gt.min()) < 0 or int(gt.max()) > 8):
+        raise ValueError(f"{name} labels must lie in 0..8")
+
+
+def _checked_labels(c2w: Tensor, trans_gt: Tensor, rot_gt: Tensor,
+                    trans_thresholds: Sequence[float], rot_threshold_deg: float
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Validated ``(trans [M, ..., F], rot [..., F], trans_gt, rot_gt)`` on ``c2w``'s device."""
+    _check_poses(c2w)
+    if len(trans_thresholds) == 0:
+        raise ValueError("trans_thresholds must name at least one threshold")
+    thresholds = [_check_threshold("trans_thresholds", t) for t in trans_thresholds]
+    tau_r = _check_threshold("rot_threshold_deg", rot_threshold_deg)
+    frames = c2w.shape[-3] - 1
+    _check_labels("trans_gt", trans_gt, frames)
+    _check_labels("rot_gt", rot_gt, frames)
+    trans, rot = _labels_multi(c2w, thresholds, tau_r)
+    return trans, rot, trans_gt.to(c2w.device), rot_gt.to(c2w.device)
+
+
+def action_accuracy(
+    c2w: Tensor,
+    trans_gt: Tensor,
+    rot_gt: Tensor,
+    *,
+    trans_thresholds: Sequence[float] = PAPER_TRANS_THRESHOLDS,
+    rot_threshold_deg: float = 1.0,
+) -> Tensor:
+    """Fraction of frames whose full action (translation AND rotation label) was followed.
+
+    Same inputs and threshold rule as :func:`interaction_score` (best translation threshold),
+    without partial credit: the evaluation's action accuracy ``[...]``.
+    """
+    trans, rot, trans_gt, rot_gt = _checked_labels(c2w, trans_gt, rot_gt, trans_thresholds,
+                                                   rot_threshold_deg)
+    hit = (trans == trans_gt) & (rot == rot_gt).unsqueeze(0)
+    return hit.double().mean(-1).amax(0).to(c2w.dtype)
+
+
 def interaction_score(
     c2w: Tensor,
     trans_gt: Tensor,
@@ -108,22 +153,9 @@ def interaction_score(
     ``c2w`` ``[..., F+1, 4, 4]``; ``trans_gt``, ``rot_gt`` ``[..., F]`` commanded labels 0..8
     (broadcastable against the pose batch, e.g. one command shared by G candidates).
     """
-    _check_poses(c2w)
-    if len(trans_thresholds) == 0:
-        raise ValueError("trans_thresholds must name at least one threshold")
-    thresholds = [_check_threshold("trans_thresholds", t) for t in trans_thresholds]
-    tau_r = _check_threshold("rot_threshold_deg", rot_threshold_deg)
-    frames = c2w.shape[-3] - 1
-    for name, gt in (("trans_gt", trans_gt), ("rot_gt", rot_gt)):
-        if not isinstance(gt, Tensor) or gt.dtype.is_floating_point or gt.dtype == torch.bool:
-            raise TypeError(f"{name} must be an integer tensor of labels 0..8")
-        if gt.dim() == 0 or gt.shape[-1] != frames:
-            raise ValueError(f"{name} must have shape [..., F={frames}] (one label per new "
-                             f"frame), got {tuple(gt.shape)}")
-        if gt.numel() and (int(gt.min()) < 0 or int(gt.max()) > 8):
-            raise ValueError(f"{name} labels must lie in 0..8")
-    trans, rot = _labels_multi(c2w, thresholds, tau_r)
-    trans_acc = (trans == trans_gt.to(c2w.device)).double().mean(-1)
-    rot_acc = (rot == rot_gt.to(c2w.device)).double().mean(-1)
+    trans, rot, trans_gt, rot_gt = _checked_labels(c2w, trans_gt, rot_gt, trans_thresholds,
+                                                   rot_threshold_deg)
+    trans_acc = (trans == trans_gt).double().mean(-1)
+    rot_acc = (rot == rot_gt).double().mean(-1)
     score = (trans_acc + rot_acc.unsqueeze(0)) / 2
     return score.amax(0).to(c2w.dtype)
