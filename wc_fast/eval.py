@@ -1,0 +1,262 @@
+"""``python -m wc_fast.eval``: action following and visual quality of long rollouts.
+
+For a held-out set of world prompts and action sequences (fixed seeds; a ``basic`` set with one
+key per clip and a ``composite`` set with key combinations), the model generates every
+sequence autoregressively clip by clip with the deterministic ODE sampler. Each clip is scored
+with the EVALUATION camera estimator (not the one the RL reward uses) and the critic:
+- accuracy: fraction of frames whose full action (translation and rotation label) matches the
+  command, best translation threshold per clip (:func:`action_accuracy`);
+- vq: the critic's mean score over the clip's frames at the reward stride.
+Reported per set, per horizon (short / medium / long = first, middle, last third of the clips)
+and per clip index (the exposure-bias view), like the WorldCompass paper's Table 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch import Tensor
+from tqdm import tqdm
+
+from wc_fast import checkpoint
+from wc_fast import config as config_lib
+from wc_fast.actions import describe, split_action
+from wc_fast.models import TinyWorldDiT
+from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
+from wc_fast.rewards import load_critic, load_estimator, vq_scores
+from wc_fast.rewards.interaction import action_accuracy
+from wc_fast.runtime import generator, resolve_device
+from wc_fast.sampler import ClipSampler
+from wc_fast.world import sample_sequences
+
+KINDS = {"basic": 0.0, "composite": 1.0}
+EVAL_SEED = 900_001
+
+
+@dataclass(slots=True)
+class EvalSettings:
+    """What the evaluation runs: set sizes, rollout length, sampler and scoring thresholds."""
+
+    sequences: int = 16
+    clips: int = 6
+    steps: int = 10
+    shift: float = 5.0
+    seed: int = EVAL_SEED
+    trans_thresholds: tuple[float, ...] = (0.02, 0.04)
+    rot_threshold_deg: float = 1.0
+    vq_stride: int = 1
+
+    @classmethod
+    def from_config(cls, cfg: config_lib.Config, **overrides) -> EvalSettings:
+        values = {"steps": cfg.rollout.steps, "shift": cfg.rollout.shift,
+                  "trans_thresholds": tuple(cfg.reward.trans_thresholds),
+                  "rot_threshold_deg": cfg.reward.rot_threshold_deg}
+        return cls(**{**values, **overrides})
+
+
+def load_checkpoint_model(path: str | Path | None, device: torch.device) -> TinyWorldDiT:
+    """The shipped base model (None), an exported ``.safetensors``, or a training checkpoint dir."""
+    if path is None:
+        return load_world_model(BASE_WEIGHTS, device=device)
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "meta.json").is_file():
+            raise FileNotFoundError(f"{path} holds no meta.json: not a wc_fast checkpoint")
+        cfg = config_lib.from_dict(json.loads((path / "meta.json").read_text())["config"])
+        model = TinyWorldDiT(cfg.model).to(device)
+        checkpoint.load(path, models={"model": model}, restore_rng=False)
+        return model.eval()
+    return load_world_model(path, device=device)
+
+
+def rollout_sequences(model: TinyWorldDiT, prompts: Tensor, actions: Tensor, *, steps: int,
+                      shift: float, seed: int, progress: bool = False) -> Tensor:
+    """Generate ``[n, 1 + N*F, C, H, W]`` from prompts ``[n, 1, ...]`` and actions ``[n, N*F]``.
+
+    Each sequence runs on its own history (batch 1), clip by clip; noise comes from a stream
+    seeded by ``(seed, sequence)``, so the result is deterministic.
+    """
+    device = next(model.parameters()).device
+    f = model.clip_frames
+    sampler = ClipSampler(model, steps=steps, shift=shift, capture="eager")
+    ctx = model.cfg.context_sigma
+    out = []
+    rows = tqdm(range(prompts.shape[0]), desc="eval rollouts", disable=not progress,
+                dynamic_ncols=True)
+    with torch.no_grad():
+        for i in rows:
+            gen = generator(seed, i, "eval", device=device)
+            frames = prompts[i:i + 1].to(device)
+            cache = model.extend_cache(model.empty_cache(), frames,
+                                       torch.zeros(1, 1, dtype=torch.long, device=device),
+                                       sigma=ctx)
+            for c in range(actions.shape[1] // f):
+                clip_actions = actions[i, c * f:(c + 1) * f].to(device)
+                clip = sampler.sample(cache, clip_actions, num=1, generator=gen).clips
+                clip = clip.clamp(-1.0, 1.0)
+                cache = model.extend_cache(cache, clip, clip_actions[None], sigma=ctx)
+                frames = torch.cat([frames, clip], dim=1)
+            out.append(frames.cpu())
+    return torch.cat(out)
+
+
+def score_sequences(frames: Tensor, actions: Tensor, *, clip_frames: int,
+                    settings: EvalSettings, estimator, critic) -> tuple[Tensor, Tensor]:
+    """Per-clip accuracy and VQ ``[n, N]`` of sequences ``[n, 1 + N*F, ...]``."""
+    n, total = frames.shape[:2]
+    clips = (total - 1) // clip_frames
+    idx = torch.arange(clips)[:, None] * clip_frames + torch.arange(clip_frames + 1)[None, :]
+    windows = frames[:, idx].reshape(n * clips, clip_frames + 1, *frames.shape[2:])
+    with torch.no_grad():
+        c2w = estimator(windows)
+    trans_gt, rot_gt = split_action(actions.reshape(n * clips, clip_frames))
+    acc = action_accuracy(c2w.double(), trans_gt, rot_gt,
+                          trans_thresholds=settings.trans_thresholds,
+                          rot_threshold_deg=settings.rot_threshold_deg)
+    vq = vq_scores(critic, windows, stride=settings.vq_stride)
+    return acc.float().reshape(n, clips), vq.float().reshape(n, clips)
+
+
+def horizons(clips: int) -> dict[str, slice]:
+    """short / medium / long: the first, middle and last third of the clip indices."""
+    third = max(1, clips // 3)
+    return {"short": slice(0, third), "medium": slice(third, clips - third),
+            "long": slice(clips - third, clips)}
+
+
+def summarize(acc: Tensor, vq: Tensor) -> dict:
+    """JSON block of one set: overall, per horizon and per clip index."""
+    block = {"accuracy": acc.mean().item(), "vq": vq.mean().item(),
+             "by_clip": [{"clip": c + 1, "accuracy": acc[:, c].mean().item(),
+                          "vq": vq[:, c].mean().item()} for c in range(acc.shape[1])]}
+    for name, sl in horizons(acc.shape[1]).items():
+        if sl.stop > sl.start:
+            block[name] = {"accuracy": acc[:, sl].mean().item(), "vq": vq[:, sl].mean().item()}
+    return block
+
+
+def evaluate(model: TinyWorldDiT, settings: EvalSettings, *, estimator=None, critic=None,
+             progress: bool = False, keep_frames: bool = False) -> dict:
+    """Evaluate ``model`` on the basic and composite sets; the JSON-ready result.
+
+    ``result["ground_truth"]`` scores the true renders of the same sequences with the same
+    estimator and critic: the ceiling the scoring itself allows.
+    """
+    estimator = estimator or load_estimator("eval", device="cpu")
+    critic = critic or load_critic(device="cpu")
+    cfg = model.cfg
+    result: dict = {"settings": {k: getattr(settings, k) for k in settings.__slots__},
+                    "ground_truth": {}, "by_clip": []}
+    frames_out = {}
+    for k, (kind, fraction) in enumerate(KINDS.items()):
+        data = sample_sequences(settings.sequences, num_clips=settings.clips,
+                                seed=settings.seed + k, composite_fraction=fraction,
+                                clip_frames=cfg.clip_frames, resolution=cfg.resolution)
+        gen = rollout_sequences(model, data.frames[:, :1], data.actions, steps=settings.steps,
+                                shift=settings.shift, seed=settings.seed + k, progress=progress)
+        acc, vq = score_sequences(gen, data.actions, clip_frames=cfg.clip_frames,
+                                  settings=settings, estimator=estimator, critic=critic)
+        gt_acc, gt_vq = score_sequences(data.frames, data.actions, clip_frames=cfg.clip_frames,
+                                        settings=settings, estimator=estimator, critic=critic)
+        result[kind] = summarize(acc, vq)
+        result["ground_truth"][kind] = {"accuracy": gt_acc.mean().item(),
+                                        "vq": gt_vq.mean().item()}
+        result["by_clip"] += [{"set": kind, **row} for row in result[kind]["by_clip"]]
+        if keep_frames:
+            frames_out[kind] = (gen, data)
+    if keep_frames:
+        result["_frames"] = frames_out
+    return result
+
+
+def print_table(result: dict, console: Console | None = None, title: str = "wc_fast eval"
+                ) -> None:
+    """The paper-style table: accuracy and VQ per set and horizon, plus the ground truth."""
+    console = console or Console()
+    table = Table(title=title)
+    table.add_column("set")
+    for name in ("short", "medium", "long", "all"):
+        table.add_column(f"{name} acc", justify="right")
+    table.add_column("VQ", justify="right")
+    table.add_column("GT acc", justify="right")
+    for kind in KINDS:
+        block = result[kind]
+        cells = [f"{block[h]['accuracy']:.3f}" if h in block else "-"
+                 for h in ("short", "medium", "long")]
+        table.add_row(kind, *cells, f"{block['accuracy']:.3f}", f"{block['vq']:.3f}",
+                      f"{result['ground_truth'][kind]['accuracy']:.3f}")
+    console.print(table)
+    clips = Table(title="accuracy by clip index")
+    clips.add_column("set")
+    for row in result["basic"]["by_clip"]:
+        clips.add_column(str(row["clip"]), justify="right")
+    for kind in KINDS:
+        clips.add_row(kind, *[f"{r['accuracy']:.2f}" for r in result[kind]["by_clip"]])
+    console.print(clips)
+
+
+def save_grid(path: str | Path, frames: dict, estimator, max_rows: int = 4) -> Path:
+    """Rollout grid: generated basic and composite sequences with commanded/estimated paths."""
+    from wc_fast.viz import save_rollout_grid
+
+    rows, cmd, titles = [], [], []
+    for kind, (gen, data) in frames.items():
+        rows.append(gen[:max_rows])
+        cmd.append(data.c2w[:max_rows])
+        titles += [f"{kind}: " + ", ".join(describe(int(a)) for a in data.actions[i, ::4])
+                   for i in range(min(max_rows, gen.shape[0]))]
+    frames_all = torch.cat(rows)
+    with torch.no_grad():
+        est = estimator(frames_all)
+    return save_rollout_grid(path, frames_all, torch.cat(cmd), est, titles=titles,
+                             max_rows=len(titles))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m wc_fast.eval",
+                                     description="Evaluate action following and quality.")
+    parser.add_argument("--checkpoint", default=None,
+                        help="world model .safetensors or training checkpoint directory "
+                             "(default: the shipped base model)")
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--grid", default=None, help="write a rollout grid PNG here")
+    parser.add_argument("--preset", default="cpu", choices=config_lib.PRESETS,
+                        help="preset whose sampler steps and label thresholds to use")
+    parser.add_argument("--sequences", type=int, default=16, help="sequences per set")
+    parser.add_argument("--clips", type=int, default=6, help="clips per sequence")
+    parser.add_argument("--steps", type=int, default=None, help="sampler steps")
+    parser.add_argument("--seed", type=int, default=EVAL_SEED)
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    args = parser.parse_args(argv)
+    if args.sequences < 1 or args.clips < 1:
+        parser.error("--sequences and --clips must be >= 1")
+    device = resolve_device(args.device)
+    model = load_checkpoint_model(args.checkpoint, device)
+    overrides = {"sequences": args.sequences, "clips": args.clips, "seed": args.seed}
+    if args.steps is not None:
+        overrides["steps"] = args.steps
+    settings = EvalSettings.from_config(config_lib.preset(args.preset), **overrides)
+    estimator = load_estimator("eval", device="cpu")
+    result = evaluate(model, settings, estimator=estimator, progress=True,
+                      keep_frames=args.grid is not None)
+    frames = result.pop("_frames", None)
+    print_table(result)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+    if args.grid and frames:
+        print(f"wrote {save_grid(args.grid, frames, estimator)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
