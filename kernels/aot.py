@@ -6,11 +6,14 @@ compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))
 needed. Registers and spills come from the ptxas bundled with Triton, run with ``-v`` on the
 generated PTX with the flags Triton itself uses; shared memory from the kernel metadata.
 Prints one table row per configuration and exits with status 1 on a compile error or a spill.
+Under ``TRITON_INTERPRET=1`` it re-runs itself in a process without it (Triton cannot compile
+kernels that were created for its interpreter).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +21,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from kernels._backend import triton_interpreting
 
 ARCH = 90
 WARP_SIZE = 32
@@ -52,14 +57,6 @@ def _configs() -> list:
     return nft_loss.aot_configs() + flow_noise.aot_configs()
 
 
-def _jit_function(kernel):
-    """The compilable ``JITFunction`` (under ``TRITON_INTERPRET=1`` kernels are interpreted
-    wrappers of the same Python function)."""
-    from triton.runtime.jit import JITFunction
-
-    return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
-
-
 def ptxas_usage(ptx: str, arch: int) -> dict[str, int]:
     """Registers and spill bytes of the single kernel in ``ptx``, from ``ptxas -v``."""
     from triton.backends.nvidia.compiler import get_ptxas
@@ -89,13 +86,17 @@ def compile_config(config, arch: int = ARCH) -> Row:
     row = Row(config.kernel.__name__, config.dtype, config.variant, config.num_warps)
     start = time.perf_counter()
     try:
-        src = ASTSource(_jit_function(config.kernel), config.signature, config.constexprs)
+        fn = config.kernel
+        attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]]
+                 for name in config.aligned}
+        src = ASTSource(fn, config.signature, config.constexprs, attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, WARP_SIZE),
                                   options={"num_warps": config.num_warps,
                                            "enable_fp_fusion": True})
         usage = ptxas_usage(compiled.asm["ptx"], arch)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row and a non-zero exit
-        row.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
+        lines = str(exc).strip().splitlines() or [""]
+        row.error = f"{type(exc).__name__}: {lines[-1][:200]}"
     else:
         row.registers = usage["registers"]
         row.spill_stores = usage["spill_stores"]
@@ -118,12 +119,23 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _rerun_without_interpreter(argv: list[str]) -> int:
+    """Triton's code generator cannot run in a process whose kernels (its own standard library
+    included) were created for the interpreter, so compile in a fresh one."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "kernels.aot", *argv], env=env).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kernels.aot",
         description="AOT-compile every Triton kernel for sm_90; exit 1 on a compile error or "
                     "a register spill.")
     parser.parse_args(argv)
+    if triton_interpreting():
+        return _rerun_without_interpreter(argv if argv is not None else sys.argv[1:])
     rows = [compile_config(config) for config in _configs()]
     print(format_table(rows))
     failed = [r for r in rows if not r.ok]

@@ -49,7 +49,12 @@ def flow_noise(
 
     ``x0`` ``[S, ...]``, ``sigmas`` ``[S, K]`` in [0, 1], ``noise`` ``[S*K, ...]`` (standard
     normal from ``generator`` when None) -> ``(x_t, v_target)`` ``[S*K, ...]`` in ``x0``'s
-    dtype; row ``s*K + j`` uses ``sigmas[s, j]``.
+    dtype; row ``s*K + j`` uses ``sigmas[s, j]``. Differentiable in ``x0``, ``sigmas`` and
+    ``noise``.
+
+    ``backend="triton"`` / ``"native"`` run the fused op ``wc_fast::flow_noise`` (see
+    :mod:`kernels._ops`), which reads each clean row once for all its K outputs; ``sigmas``
+    are used in fp32 and non-contiguous inputs are copied first.
     """
     _check_inputs(x0, sigmas, noise)
     s, k = sigmas.shape

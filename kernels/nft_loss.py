@@ -61,10 +61,15 @@ def nft_loss(
     """Negative-aware flow-matching loss (DESIGN section 7).
 
     ``v_theta`` (current model, gets the gradient), ``v_old`` (old model), ``v_target``
-    (``eps - x0``): ``[B, ...]`` of one dtype (fp16, bf16, fp32; fp64 on the reference).
+    (``eps - x0``): ``[B, ...]`` of one dtype (fp16, bf16, fp32; fp64 for gradcheck).
     ``r`` ``[B]`` in [0, 1] is the optimality of each sample; ``sigma`` ``[B]`` the noise level,
     required for ``space="x0"``. Returns the fp32 loss (fp64 for fp64 inputs), averaged
     (``"mean"``), summed (``"sum"``) or per sample ``[B]`` (``"none"``).
+
+    ``backend="triton"`` / ``"native"`` run the fused op ``wc_fast::nft_loss_fwd`` (see
+    :mod:`kernels._ops`): one pass over the inputs (two for ``x0``) yields the per-sample loss
+    and ``dL_i/dv_theta``, which the backward scales; ``r`` and ``sigma`` are used in fp32 and
+    non-contiguous inputs are copied first.
     """
     _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction)
     chosen = _resolve(backend, v_theta.device)

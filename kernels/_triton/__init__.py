@@ -14,7 +14,7 @@ split path.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -40,7 +40,11 @@ class RowSplit:
 
 @dataclass(frozen=True)
 class AotConfig:
-    """One CUDA launch configuration of a kernel, as ``python -m kernels.aot`` compiles it."""
+    """One CUDA launch configuration of a kernel, as ``python -m kernels.aot`` compiles it.
+
+    ``aligned`` names the pointer arguments (16-byte aligned) and integer arguments (multiples
+    of 16) that Triton's run-time specialization marks as such in the usual launches.
+    """
 
     kernel: Any
     dtype: str
@@ -48,6 +52,15 @@ class AotConfig:
     signature: dict[str, str]
     constexprs: dict[str, Any]
     num_warps: int
+    aligned: tuple[str, ...] = ()
+
+    def with_unit(self, name: str) -> AotConfig:
+        """This configuration with integer argument ``name`` equal to 1, which Triton compiles
+        as a constant at run time."""
+        return replace(self, variant=f"{self.variant}, {name}=1".lstrip(", "),
+                       signature={**self.signature, name: "constexpr"},
+                       constexprs={**self.constexprs, name: 1},
+                       aligned=tuple(a for a in self.aligned if a != name))
 
 
 def set_poison_outputs(on: bool) -> None:

@@ -66,12 +66,14 @@ def flow_noise(x0: Tensor, sigmas: Tensor, noise: Tensor) -> tuple[Tensor, Tenso
 
 
 def aot_configs() -> list[AotConfig]:
-    """Every CUDA launch of :func:`flow_noise`: one per input dtype."""
-    return [
+    """Every CUDA launch of :func:`flow_noise`: one per input dtype, each also with ``k=1``."""
+    configs = [
         AotConfig(flow_noise_kernel, dtype, "",
                   {"x0_ptr": f"*{dtype}", "sig_ptr": "*fp32", "noise_ptr": f"*{dtype}",
                    "xt_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "d": "i32", "k": "i32",
                    "BLOCK": "constexpr", "ACC": "constexpr"},
-                  {"BLOCK": GPU_BLOCK, "ACC": tl.float32}, GPU_WARPS)
+                  {"BLOCK": GPU_BLOCK, "ACC": tl.float32}, GPU_WARPS,
+                  ("x0_ptr", "sig_ptr", "noise_ptr", "xt_ptr", "v_ptr", "d"))
         for dtype in ("fp32", "fp16", "bf16")
     ]
+    return configs + [c.with_unit("k") for c in configs]

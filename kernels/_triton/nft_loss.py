@@ -162,20 +162,22 @@ def nft_loss_fwd(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
 
 def aot_configs() -> list[AotConfig]:
     """Every CUDA launch of :func:`nft_loss_fwd`: per input dtype, pass 1 of x0 and the loss
-    kernel for each space."""
+    kernel for each space; each also with one chunk per row (``n_splits=1``, many rows)."""
     configs = []
     for dtype in ("fp32", "fp16", "bf16"):
         inputs = {"vt_ptr": f"*{dtype}", "vo_ptr": f"*{dtype}", "vs_ptr": f"*{dtype}"}
         sizes = {"beta": "fp32", "d": "i32", "chunk": "i32", "n_splits": "i32"}
         consts = {"BLOCK": GPU_BLOCK, "ACC": tl.float32}
         meta = {"BLOCK": "constexpr", "ACC": "constexpr"}
+        aligned = (*inputs, "part_ptr", "d", "chunk")
         configs.append(AotConfig(
             nft_abs_err_kernel, dtype, "x0 pass 1",
-            {**inputs, "part_ptr": "*fp32", **sizes, **meta}, consts, GPU_WARPS))
+            {**inputs, "part_ptr": "*fp32", **sizes, **meta}, consts, GPU_WARPS, aligned))
         for x0 in (False, True):
             configs.append(AotConfig(
                 nft_loss_grad_kernel, dtype, "x0 pass 2" if x0 else "velocity",
                 {**inputs, "r_ptr": "*fp32", "k_ptr": "*fp32", "grad_ptr": f"*{dtype}",
                  "part_ptr": "*fp32", **sizes, "HAS_K": "constexpr", **meta},
-                {**consts, "HAS_K": x0}, GPU_WARPS))
-    return configs
+                {**consts, "HAS_K": x0}, GPU_WARPS,
+                (*aligned, "r_ptr", "k_ptr", "grad_ptr")))
+    return configs + [c.with_unit("n_splits") for c in configs]
