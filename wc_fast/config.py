@@ -107,6 +107,9 @@ class TrainConfig:
     keep_last: int = 2
     distributed: str = "ddp"
     eval_at_end: bool = True
+    init: str = "base"
+    eval_sequences: int = 8
+    eval_clips: int = 3
 
 
 @dataclass(slots=True)
@@ -172,7 +175,8 @@ def _cpu() -> Config:
     cfg.rollout.group_size = 8
     cfg.rollout.num_clips = 3
     cfg.rollout.steps = 10
-    cfg.reward.trans_thresholds = (0.02, 0.04)
+    cfg.reward.trans_thresholds = (0.08, 0.12)
+    cfg.reward.rot_threshold_deg = 2.0
     cfg.optim.lr = 1e-4
     cfg.train.steps = 30
     return cfg
@@ -187,11 +191,13 @@ def _smoke() -> Config:
     cfg.rollout.group_size = 6
     cfg.rollout.num_clips = 2
     cfg.rollout.steps = 4
-    cfg.reward.trans_thresholds = (0.02, 0.04)
+    cfg.reward.trans_thresholds = (0.08, 0.12)
+    cfg.reward.rot_threshold_deg = 2.0
     cfg.optim.lr = 1e-4
     cfg.train.steps = 2
     cfg.train.ckpt_every = 1
     cfg.train.eval_at_end = False
+    cfg.train.init = "random"
     return cfg
 
 
@@ -371,8 +377,12 @@ def validate(cfg: Config) -> None:
              pt.composite_fraction)
     _require(bool(pt.out), "pretrain.out", "a non-empty path", pt.out)
     _choices("train.device", tr.device, ("auto", "cpu", "cuda"))
-    _choices("train.distributed", tr.distributed, ("ddp", "fsdp2"))
+    _choices("train.distributed", tr.distributed, ("ddp",))
     _require(bool(tr.out), "train.out", "a non-empty path", tr.out)
+    _require(bool(tr.init), "train.init", "'base', 'random' or a weights path", tr.init)
+    _require(tr.eval_sequences >= 1, "train.eval_sequences", "an integer >= 1",
+             tr.eval_sequences)
+    _require(tr.eval_clips >= 1, "train.eval_clips", "an integer >= 1", tr.eval_clips)
 
 
 def describe(cfg: Config) -> str:

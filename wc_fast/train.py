@@ -1,19 +1,158 @@
-"""``python -m wc_fast.train``: WorldCompass RL post-training (the main job)."""
+"""``python -m wc_fast.train``: WorldCompass RL post-training (the main job).
+
+On a CPU machine the default preset (``cpu``) post-trains the shipped embedded world model in
+minutes; under ``torchrun`` groups are split across ranks (gloo on CPU, NCCL on GPU). Writes
+``metrics.jsonl``, ``rewards.png``, checkpoints and, at the end, a base-vs-trained evaluation
+table, ``summary.json`` and a rollout grid into ``--out``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+import torch
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from wc_fast import checkpoint
 from wc_fast import config as config_lib
 from wc_fast.cli import parse_run_args
+from wc_fast.distributed import init_from_env, shutdown
+from wc_fast.metrics import MetricsLog, matmul_flops, plot_rewards
+from wc_fast.models import TinyWorldDiT
+from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
+from wc_fast.runtime import resolve_device
+from wc_fast.telemetry import GpuTelemetry
+from wc_fast.trainer import Trainer
+
+# fields that may differ between an interrupted run and its resumption
+RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last", "train.log_every",
+                     "train.eval_at_end", "train.device", "train.eval_sequences",
+                     "train.eval_clips", "rollout.capture", "nft.micro_batch")
+
+
+def initial_model(cfg: config_lib.Config, device: torch.device) -> TinyWorldDiT:
+    """The model RL starts from: the shipped base model, a weights file, or a random init."""
+    if cfg.train.init == "random":
+        torch.manual_seed(cfg.train.seed)
+        return TinyWorldDiT(cfg.model).to(device)
+    path = BASE_WEIGHTS if cfg.train.init == "base" else Path(cfg.train.init)
+    model = load_world_model(path, device=device)
+    if dataclasses.asdict(model.cfg) != dataclasses.asdict(cfg.model):
+        diffs = [f"model.{k}: weights {v!r} vs config {getattr(cfg.model, k)!r}"
+                 for k, v in dataclasses.asdict(model.cfg).items()
+                 if getattr(cfg.model, k) != v]
+        raise ValueError(f"{path} does not match the configured model ({'; '.join(diffs)}); "
+                         "use a matching --model.* or --train.init random")
+    return model.train()
+
+
+def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
+    train_s = stats.times.get("train", 0.0)
+    row = {"step": stats.step, "clip": stats.clip_index, "if_mean": stats.if_mean,
+           "vq_mean": stats.vq_mean, "r_std": stats.r_std, "loss": stats.loss,
+           "skipped_groups": stats.skipped_groups, "ema_decay": stats.ema_decay,
+           **{f"{k}_s": v for k, v in stats.times.items()}, "clips_per_s": stats.clips_per_s,
+           "train_tflops": stats.train_flops / max(train_s, 1e-9) / 1e12,
+           "mfu": stats.train_flops / max(train_s, 1e-9) / peak}
+    row.update(telemetry.read())
+    return row
+
+
+def _save(trainer: Trainer, cfg: config_lib.Config, step: int) -> Path:
+    return checkpoint.save(cfg.train.out, step, models={"model": trainer.model,
+                                                        "old": trainer.old},
+                           config=config_lib.to_dict(cfg), keep_last=cfg.train.keep_last,
+                           state={"optimizers": [o.state_dict() for o in trainer.optimizers]})
+
+
+def _resume(trainer: Trainer, cfg: config_lib.Config) -> int:
+    ckpt = checkpoint.load(checkpoint.latest(cfg.train.out),
+                           models={"model": trainer.model, "old": trainer.old})
+    diffs = checkpoint.config_mismatch(ckpt.config, config_lib.to_dict(cfg),
+                                       ignore=RESUMABLE_CHANGES)
+    if diffs:
+        raise checkpoint.CheckpointError(f"checkpoint {ckpt.path} was written with another "
+                                         "config: " + "; ".join(diffs))
+    for opt, state in zip(trainer.optimizers, ckpt.state["optimizers"], strict=True):
+        opt.load_state_dict(state)
+    return ckpt.step
+
+
+def summary(cfg: config_lib.Config, trainer: Trainer, console: Console) -> dict:
+    """Base vs trained evaluation (eval estimator, not the reward one) and a rollout grid."""
+    from wc_fast.eval import EvalSettings, evaluate, save_grid
+    from wc_fast.rewards import load_estimator
+
+    settings = EvalSettings.from_config(cfg, sequences=cfg.train.eval_sequences,
+                                        clips=cfg.train.eval_clips)
+    estimator = load_estimator("eval", device="cpu")
+    base = initial_model(cfg, trainer.device).eval()
+    results = {"base": evaluate(base, settings, estimator=estimator),
+               "trained": evaluate(trainer.model.eval(), settings, estimator=estimator,
+                                   keep_frames=True)}
+    frames = results["trained"].pop("_frames")
+    table = Table(title=f"base vs trained ({settings.sequences} sequences x "
+                        f"{settings.clips} clips per set, eval estimator)")
+    for col in ("model", "basic acc", "composite acc", "basic VQ", "composite VQ"):
+        table.add_column(col, justify="right" if col != "model" else "left")
+    for name, res in results.items():
+        table.add_row(name, *(f"{res[s][m]:.3f}" for m, s in (("accuracy", "basic"),
+                                                                ("accuracy", "composite"),
+                                                                ("vq", "basic"),
+                                                                ("vq", "composite"))))
+    console.print(table)
+    out = Path(cfg.train.out)
+    (out / "summary.json").write_text(json.dumps(results, indent=2))
+    grid = save_grid(out / "rollouts.png", frames, estimator)
+    console.print(f"summary: {out / 'summary.json'}, rollout grid: {grid}")
+    return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     run = parse_run_args("python -m wc_fast.train", "WorldCompass RL post-training.", argv)
-    print(config_lib.describe(run.config))
-    print("wc_fast.train: the configuration above is valid; the RL training loop is not yet "
-          "available in this version (it needs the world model, sampler and reward models).")
+    cfg = run.config
+    device = resolve_device(cfg.train.device)
+    info = init_from_env(device.type)
+    if device.type == "cuda":
+        device = torch.device("cuda", info.local_rank)
+    console = Console(quiet=not info.is_main)
+    telemetry = GpuTelemetry(device.index or 0)
+    console.print(f"wc_fast.train: preset {cfg.preset}, {info.world_size} rank(s) on "
+                  f"{device.type}; {telemetry.status}")
+    trainer = Trainer(cfg, initial_model(cfg, device), device, rank=info.rank,
+                      world_size=info.world_size, process_group=info.group)
+    start = _resume(trainer, cfg) if run.resume else 0
+    out = Path(cfg.train.out)
+    log = MetricsLog(out / "metrics.jsonl", resume_step=start if run.resume else None) \
+        if info.is_main else None
+    peak = matmul_flops(device, torch.float32 if device.type == "cpu" else torch.bfloat16)
+    bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps,
+               desc="RL", disable=not info.is_main, dynamic_ncols=True)
+    for step in bar:
+        row = _row(trainer.iteration(step), peak, telemetry)
+        bar.set_postfix(clip=row["clip"], IF=f"{row['if_mean']:.3f}",
+                        VQ=f"{row['vq_mean']:.3f}", r_std=f"{row['r_std']:.2f}",
+                        roll=f"{row['rollout_s']:.1f}s", rew=f"{row['reward_s']:.1f}s",
+                        train=f"{row['train_s']:.1f}s", clips_s=f"{row['clips_per_s']:.1f}")
+        if log is not None:
+            log.append(row)
+        if (step + 1) % cfg.train.ckpt_every == 0 or step + 1 == cfg.train.steps:
+            if info.is_main:
+                _save(trainer, cfg, step + 1)
+                plot_rewards(log.rows, out / "rewards.png")
+    if info.is_main and log is not None and log.rows:
+        skipped = sum(r["skipped_groups"] for r in log.rows)
+        console.print(f"done: {len(log.rows)} iterations, {skipped} all-equal groups skipped, "
+                      f"reward curves in {out / 'rewards.png'}")
+        if cfg.train.eval_at_end:
+            summary(cfg, trainer, console)
+    shutdown(info)
     return 0
 
 

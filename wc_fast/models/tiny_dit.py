@@ -192,6 +192,19 @@ class TinyWorldDiT(nn.Module):
         dtype = _DTYPES[self.cfg.dtype]
         return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
+    def velocity_flops(self, batch: int, prefix_tokens: int) -> float:
+        """Forward FLOPs of :meth:`velocity` for ``batch`` clips over ``prefix_tokens`` of history.
+
+        Matmuls only (2 FLOPs per multiply-add): per token and layer 24 d^2 for qkv, output
+        projection and MLP, plus 4 d per attended key (scores and weighted sum).
+        """
+        c = self.cfg
+        tokens = batch * self.clip_frames * self.tokens_per_frame
+        keys = prefix_tokens + self.clip_frames * self.tokens_per_frame
+        per_layer = 24 * c.dim**2 * tokens + 4 * c.dim * tokens * keys
+        io = 4 * tokens * c.dim * c.channels * c.patch**2
+        return float(c.depth * per_layer + io)
+
     # -- history ------------------------------------------------------------------------------
 
     def empty_cache(self) -> ContextCache:

@@ -1,0 +1,81 @@
+"""Run outputs: ``metrics.jsonl`` (one row per iteration), the reward-curve PNG, peak FLOP/s."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+class MetricsLog:
+    """Appends JSON rows; on resume keeps only rows up to the resumed step."""
+
+    def __init__(self, path: str | Path, *, resume_step: int | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        rows = self.read() if resume_step is not None else []
+        self.rows = [r for r in rows if r["step"] <= (resume_step or 0)]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+
+    def read(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+    def append(self, row: dict) -> None:
+        self.rows.append(row)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _running_mean(values: list[float], window: int) -> list[float]:
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1):i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def plot_rewards(rows: list[dict], path: str | Path) -> Path | None:
+    """Reward curves like the WorldCompass paper's Figure 2: IF and VQ per iteration."""
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    for ax, key, title in zip(axes, ("if_mean", "vq_mean", "loss"),
+                              ("interaction following (IF)", "visual quality (VQ)", "NFT loss"),
+                              strict=True):
+        values = [r[key] for r in rows]
+        ax.plot(steps, values, color="0.75", linewidth=1)
+        ax.plot(steps, _running_mean(values, max(1, len(values) // 10)), linewidth=2)
+        ax.set_title(title)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32, n: int = 2048,
+                 repeat: int = 5) -> float:
+    """Measured FLOP/s of a large square matmul: the MFU denominator, same run, same machine."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        a @ b
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return 2 * n**3 * repeat / (time.perf_counter() - t0)

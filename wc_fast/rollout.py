@@ -1,0 +1,101 @@
+"""Rollouts with the old (EMA) model: clip-level (WorldCompass) and sample-level (ablation).
+
+Clip-level: the history (world prompt + clips ``1..n-1``) is generated ONCE with the ODE
+sampler, its KV cache built once, then the ``G`` candidates of clip ``n`` are sampled in one
+batched forward per step that reads that single cache. Sample-level: every candidate generates
+its own whole sequence ``1..n`` from its own noise, so candidates differ in their histories too
+(one reward per sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from wc_fast.models import ContextCache, TinyWorldDiT
+from wc_fast.sampler import ClipSampler
+
+
+@dataclass(slots=True)
+class GroupRollout:
+    """One group: G candidates of clip ``clip_index`` and the history they share.
+
+    ``history`` ``[H, 1 + (n-1)*F, C, H, W]`` (``H = 1`` clip-level, ``G`` sample-level),
+    ``history_actions`` ``[H, 1 + (n-1)*F]`` (0 for the prompt frame), ``caches`` the old
+    model's cache of each history, ``candidates`` ``[G, F, C, H, W]``, ``clip_actions`` ``[F]``.
+    """
+
+    history: Tensor
+    history_actions: Tensor
+    caches: list[ContextCache]
+    candidates: Tensor
+    clip_actions: Tensor
+    clip_index: int
+
+    @property
+    def previous_frames(self) -> Tensor:
+        """The last history frame of each candidate ``[G, 1, C, H, W]`` (IF reference frame)."""
+        last = self.history[:, -1:]
+        return last.expand(self.candidates.shape[0], -1, -1, -1, -1)
+
+    def reward_frames(self) -> Tensor:
+        """``[G, F+1, C, H, W]``: previous frame then the candidate clip, for the rewards."""
+        return torch.cat([self.previous_frames, self.candidates], dim=1)
+
+
+def _extend(model: TinyWorldDiT, cache: ContextCache, frames: Tensor, actions: Tensor
+            ) -> ContextCache:
+    return model.extend_cache(cache, frames, actions, sigma=model.cfg.context_sigma)
+
+
+def generate_history(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tensor,
+                     actions: Tensor, clips: int, gen: torch.Generator
+                     ) -> tuple[Tensor, Tensor, ContextCache]:
+    """ODE-generate ``clips`` clips after ``prompt`` ``[1, 1, C, H, W]``; build the cache once."""
+    f = model.clip_frames
+    device = prompt.device
+    frame_actions = torch.cat([torch.zeros(1, dtype=torch.long, device=device),
+                               actions[:clips * f]])[None]
+    cache = _extend(model, model.empty_cache(), prompt, frame_actions[:, :1])
+    frames = [prompt]
+    for c in range(clips):
+        clip_actions = actions[c * f:(c + 1) * f]
+        clip = sampler.sample(cache, clip_actions, num=1, generator=gen).clips.clamp(-1, 1)
+        cache = _extend(model, cache, clip, clip_actions[None])
+        frames.append(clip)
+    return torch.cat(frames, dim=1), frame_actions, cache
+
+
+@torch.no_grad()
+def rollout_clip_level(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tensor,
+                       actions: Tensor, clip_index: int, group_size: int, gen: torch.Generator
+                       ) -> GroupRollout:
+    """History once, then ``group_size`` candidates of clip ``clip_index`` in one batch."""
+    f = model.clip_frames
+    history, history_actions, cache = generate_history(model, sampler, prompt, actions,
+                                                       clip_index - 1, gen)
+    clip_actions = actions[(clip_index - 1) * f:clip_index * f]
+    candidates = sampler.sample(cache, clip_actions, num=group_size, generator=gen).clips
+    return GroupRollout(history, history_actions, [cache], candidates.clamp(-1, 1),
+                        clip_actions, clip_index)
+
+
+@torch.no_grad()
+def rollout_sample_level(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tensor,
+                         actions: Tensor, clip_index: int, group_size: int, gen: torch.Generator
+                         ) -> GroupRollout:
+    """Each candidate generates its whole sequence ``1..clip_index`` (its own history)."""
+    f = model.clip_frames
+    clip_actions = actions[(clip_index - 1) * f:clip_index * f]
+    histories, caches, candidates = [], [], []
+    for _ in range(group_size):
+        history, history_actions, cache = generate_history(model, sampler, prompt, actions,
+                                                           clip_index - 1, gen)
+        clip = sampler.sample(cache, clip_actions, num=1, generator=gen).clips
+        histories.append(history)
+        caches.append(cache)
+        candidates.append(clip.clamp(-1, 1))
+    return GroupRollout(torch.cat(histories), history_actions.expand(group_size, -1), caches,
+                        torch.cat(candidates), clip_actions, clip_index)

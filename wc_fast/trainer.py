@@ -1,0 +1,284 @@
+"""One WorldCompass RL iteration (DESIGN section 4), the state it needs, and its metrics.
+
+Per iteration ``k``: target clip ``n = k mod N + 1``; for each group (world prompt + action
+sequence) the old model rolls out ``G`` candidates of clip ``n`` over one shared history;
+IF and VQ rewards; group advantages and optimality ``r``; the top-k and bottom-k candidates are
+noised at ``ceil(frac * T)`` schedule sigmas each; the current and old models predict their
+velocities in micro-batches over the shared history; the fused ``nft_loss``; Muon + AdamW;
+EMA of the old model. Groups are split across ranks by a global group index, so every random
+draw (prompts, rollout noise, sigma picks, flow noise) depends only on
+``(seed, iteration, global group)`` and any rank layout computes the same update.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from kernels import flow_noise, nft_loss
+from wc_fast.config import Config
+from wc_fast.ema import ema_decay, ema_update
+from wc_fast.models import ContextCache, TinyWorldDiT
+from wc_fast.nft import optimality, select_extremes
+from wc_fast.optim import build_optimizers
+from wc_fast.rewards import if_scores, load_critic, load_estimator, vq_scores
+from wc_fast.rollout import GroupRollout, rollout_clip_level, rollout_sample_level
+from wc_fast.runtime import generator, stream_seed
+from wc_fast.sampler import ClipSampler, sigma_schedule
+from wc_fast.world import sample_sequences
+
+CPU_MICRO_BATCH = 32
+
+
+@dataclass(slots=True)
+class IterationStats:
+    """What one iteration measured (one row of ``metrics.jsonl``)."""
+
+    step: int
+    clip_index: int
+    if_mean: float
+    vq_mean: float
+    r_std: float
+    loss: float
+    skipped_groups: int
+    ema_decay: float
+    times: dict[str, float] = field(default_factory=dict)
+    clips_per_s: float = 0.0
+    train_flops: float = 0.0
+
+
+class RewardNaNError(ValueError):
+    """A reward model returned NaN or inf."""
+
+
+class Trainer:
+    """Holds the current and old models, optimizers, sampler and reward models of a run."""
+
+    def __init__(self, cfg: Config, model: TinyWorldDiT, device: torch.device, *,
+                 rank: int = 0, world_size: int = 1,
+                 process_group: dist.ProcessGroup | None = None) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.rank, self.world_size, self.process_group = rank, world_size, process_group
+        self.model = model.to(device).train()
+        self.old = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizers = build_optimizers(self.model, cfg.optim)
+        ro = cfg.rollout
+        self.sampler = ClipSampler(self.old, steps=ro.steps, shift=ro.shift, capture=ro.capture,
+                                   exploration=ro.exploration, sde_noise=ro.sde_noise)
+        self.sigmas = sigma_schedule(ro.steps, ro.shift)[:-1]
+        self.estimator = load_estimator("reward", device=device)
+        self.critic = load_critic(device=device)
+
+    # -- groups ---------------------------------------------------------------------------------
+
+    def group_ids(self) -> list[int]:
+        """Global indices of this rank's groups."""
+        b = self.cfg.rollout.groups_per_rank
+        return [self.rank * b + i for i in range(b)]
+
+    def prompt(self, step: int, group: int) -> tuple[Tensor, Tensor]:
+        """World prompt frame ``[1, 1, C, H, W]`` and action ids ``[N*F]`` of a global group."""
+        c = self.cfg
+        data = sample_sequences(1, num_clips=c.rollout.num_clips,
+                                seed=stream_seed(c.train.seed, step, group, "prompt") % 2**31,
+                                composite_fraction=c.rollout.composite_fraction,
+                                clip_frames=c.model.clip_frames, resolution=c.model.resolution)
+        return data.frames[:, :1].to(self.device), data.actions[0].to(self.device)
+
+    # -- phases ---------------------------------------------------------------------------------
+
+    def rollout(self, step: int, clip_index: int) -> list[GroupRollout]:
+        run = rollout_sample_level if self.cfg.rollout.mode == "sample" else rollout_clip_level
+        groups = []
+        for g in self.group_ids():
+            prompt, actions = self.prompt(step, g)
+            gen = generator(self.cfg.train.seed, step, g, "rollout", device=self.device)
+            groups.append(run(self.old, self.sampler, prompt, actions, clip_index,
+                              self.cfg.rollout.group_size, gen))
+        return groups
+
+    def rewards(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor]:
+        """IF and VQ scores ``[B, G]``; NaN or inf raises :class:`RewardNaNError`."""
+        rw = self.cfg.reward
+        s_if, s_vq = [], []
+        for group in groups:
+            frames = group.reward_frames()
+            s_if.append(if_scores(self.estimator, frames, group.clip_actions,
+                                  trans_thresholds=rw.trans_thresholds,
+                                  rot_threshold_deg=rw.rot_threshold_deg))
+            s_vq.append(vq_scores(self.critic, frames, stride=rw.vq_stride, mode=rw.vq_mode))
+        s_if, s_vq = torch.stack(s_if).float(), torch.stack(s_vq).float()
+        for name, s in (("IF", s_if), ("VQ", s_vq)):
+            if not bool(torch.isfinite(s).all()):
+                raise RewardNaNError(f"the {name} reward returned NaN or inf for clip "
+                                     f"{groups[0].clip_index}; check the reward model")
+        return s_if, s_vq
+
+    def advantages(self, s_if: Tensor, s_vq: Tensor) -> tuple[Tensor, Tensor]:
+        rw = self.cfg.reward
+        lam = {"both": rw.lam, "if": 1.0, "vq": 0.0}[rw.kind]
+        group = self.process_group if self.world_size > 1 else None
+        return optimality(s_if, s_vq, lam=lam, Z=rw.Z, std=rw.std, process_group=group)
+
+    def train(self, step: int, groups: list[GroupRollout], r: Tensor, adv: Tensor
+              ) -> tuple[float, int, float]:
+        """NFT updates on the kept candidates; returns (mean loss, skipped groups, FLOPs)."""
+        nf, c = self.cfg.nft, self.cfg
+        kept = select_extremes(adv, nf.keep)
+        flat = (adv == 0).all(dim=1)
+        k_sig = math.ceil(nf.timestep_fraction * len(self.sigmas))
+        chunks = torch.arange(2 * nf.keep).tensor_split(c.optim.updates_per_iteration)
+        losses, flops = [], 0.0
+        for chunk in chunks:
+            batches = [self._items(step, gid, group, r[b], kept[b, chunk], k_sig)
+                       for b, (gid, group) in enumerate(zip(self.group_ids(), groups,
+                                                            strict=True)) if not flat[b]]
+            total = self._global_sum(float(sum(len(item["r"]) for item in batches)))
+            if total == 0:
+                continue
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for item in batches:
+                value, f = self._accumulate(item, total)
+                loss_sum += value
+                flops += f
+            self._all_reduce_grads()
+            if c.optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.optim.grad_clip)
+            for opt in self.optimizers:
+                opt.step()
+            losses.append(self._global_sum(loss_sum))
+        decay = ema_decay(step, c.train.steps, start=c.ema.start, end=c.ema.end,
+                          schedule=c.ema.schedule)
+        ema_update(self.old, self.model, decay)
+        loss = sum(losses) / len(losses) if losses else 0.0
+        return loss, int(self._global_sum(float(flat.sum()))), flops
+
+    # -- training internals ---------------------------------------------------------------------
+
+    def _items(self, step: int, gid: int, group: GroupRollout, r: Tensor, chosen: Tensor,
+               k_sig: int) -> dict:
+        """Noisy clips of the chosen candidates at ``k_sig`` distinct schedule sigmas each."""
+        gen = generator(self.cfg.train.seed, step, gid, "noise", *chosen.tolist(),
+                        device=self.device)
+        picks = torch.stack([torch.randperm(len(self.sigmas), generator=gen,
+                                            device=self.device)[:k_sig]
+                             for _ in range(len(chosen))])
+        sigmas = self.sigmas.to(self.device)[picks]
+        x0 = group.candidates[chosen.to(self.device)]
+        noise = torch.randn((len(chosen) * k_sig, *x0.shape[1:]), generator=gen,
+                            device=self.device)
+        x_t, v_target = flow_noise(x0, sigmas, noise)
+        owner = chosen.repeat_interleave(k_sig).tolist()
+        return {"group": group, "x_t": x_t, "v_target": v_target, "sigma": sigmas.flatten(),
+                "r": r[chosen].repeat_interleave(k_sig).to(self.device), "owner": owner}
+
+    def _current_cache(self, group: GroupRollout, row: int, old_cache: ContextCache
+                       ) -> ContextCache:
+        mode = self.cfg.nft.context_kv
+        if mode == "reuse":
+            return old_cache
+        with torch.set_grad_enabled(mode == "recompute_grad"):
+            return self.model.extend_cache(self.model.empty_cache(), group.history[row:row + 1],
+                                           group.history_actions[row:row + 1],
+                                           sigma=self.model.cfg.context_sigma)
+
+    def _accumulate(self, item: dict, total: float) -> tuple[float, float]:
+        """Backward of the item's loss sum / ``total`` in micro-batches over shared caches."""
+        nf = self.cfg.nft
+        group: GroupRollout = item["group"]
+        shared = len(group.caches) == 1
+        rows = [0] * len(item["owner"]) if shared else item["owner"]
+        loss_sum, flops = 0.0, 0.0
+        micro = nf.micro_batch or (len(rows) if self.device.type == "cuda" else CPU_MICRO_BATCH)
+        for row in sorted(set(rows)):
+            idx = torch.tensor([i for i, o in enumerate(rows) if o == row])
+            old_cache = group.caches[row]
+            cache = self._current_cache(group, row, old_cache)
+            parts = idx.split(micro)
+            for j, part in enumerate(parts):
+                loss, f = self._micro_loss(item, part, group.clip_actions, cache, old_cache)
+                last = j == len(parts) - 1
+                (loss / total).backward(retain_graph=nf.context_kv == "recompute_grad"
+                                        and not last)
+                loss_sum += loss.item()
+                flops += f
+        return loss_sum, flops
+
+    def _micro_loss(self, item: dict, part: Tensor, actions: Tensor, cache: ContextCache,
+                    old_cache: ContextCache) -> tuple[Tensor, float]:
+        nf = self.cfg.nft
+        x_t, sigma = item["x_t"][part], item["sigma"][part]
+        v_theta = self.model.velocity(x_t, sigma, actions, cache)
+        batch_flops = self.model.velocity_flops(len(part), cache.num_tokens)
+        if nf.old_prediction == "detached_current":
+            v_old, flops = v_theta.detach(), 3 * batch_flops
+        else:
+            with torch.no_grad():
+                v_old = self.old.velocity(x_t, sigma, actions, old_cache)
+            flops = 4 * batch_flops
+        loss = nft_loss(v_theta, v_old, item["v_target"][part].to(v_theta.dtype),
+                        item["r"][part], beta=nf.beta, sigma=sigma, space=nf.loss_space,
+                        reduction="sum")
+        return loss, flops
+
+    def _global_sum(self, value: float) -> float:
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=self.process_group)
+        return float(t.item())
+
+    def _all_reduce_grads(self) -> None:
+        """Sum gradients over ranks (each rank's loss is already divided by the global count)."""
+        if self.world_size == 1:
+            return
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.process_group)
+        for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, grads),
+                        strict=True):
+            p.grad = g
+
+    # -- the iteration --------------------------------------------------------------------------
+
+    def iteration(self, step: int) -> IterationStats:
+        clip_index = step % self.cfg.rollout.num_clips + 1
+        times = {}
+        t0 = time.perf_counter()
+        groups = self.rollout(step, clip_index)
+        times["rollout"] = self._sync_time(t0)
+        t0 = time.perf_counter()
+        s_if, s_vq = self.rewards(groups)
+        r, adv = self.advantages(s_if, s_vq)
+        times["reward"] = self._sync_time(t0)
+        t0 = time.perf_counter()
+        loss, skipped, flops = self.train(step, groups, r, adv)
+        times["train"] = self._sync_time(t0)
+        generated = sum(g.candidates.shape[0] + (clip_index - 1) * g.history.shape[0]
+                        for g in groups)
+        decay = ema_decay(step, self.cfg.train.steps, start=self.cfg.ema.start,
+                          end=self.cfg.ema.end, schedule=self.cfg.ema.schedule)
+        return IterationStats(step=step + 1, clip_index=clip_index,
+                              if_mean=self._global_mean(s_if), vq_mean=self._global_mean(s_vq),
+                              r_std=float(r.float().std(dim=1).mean()), loss=loss,
+                              skipped_groups=skipped, ema_decay=decay, times=times,
+                              clips_per_s=generated / max(times["rollout"], 1e-9),
+                              train_flops=flops)
+
+    def _global_mean(self, t: Tensor) -> float:
+        return self._global_sum(float(t.float().sum())) / self._global_sum(float(t.numel()))
+
+    def _sync_time(self, t0: float) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
