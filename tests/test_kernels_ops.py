@@ -119,6 +119,16 @@ def test_compile_fullgraph(backend):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.skipif(not NATIVE, reason="the native extension is not built")
+def test_native_only_registration_without_triton(monkeypatch):
+    """Without triton installed the ops are plain CPU custom ops over the native kernels."""
+    monkeypatch.setattr(_ops, "HAVE_TRITON", False)
+    nft = _ops._define_nft("wc_fast_test::nft_loss_fwd_native_only", native=True)
+    flow = _ops._define_flow("wc_fast_test::flow_noise_native_only", native=True)
+    torch.library.opcheck(nft, _nft_args())
+    torch.library.opcheck(flow, _flow_args())
+
+
 def test_unavailable_backend_under_compile_raises():
     def f(vt, vo, vs, r):
         return nft_loss(vt, vo, vs, r, backend="native")
