@@ -1,0 +1,163 @@
+"""``python -m wc_fast.rewards.train_reward_models --which reward|eval|critic``.
+
+Trains one embedded reward model on freshly rendered clips of the synthetic world and writes it
+to ``wc_fast/assets/`` (or ``--out``). Each recipe has its own model seed and its own stream of
+data seeds (:data:`RECIPES`); batch ``i`` renders ``sample_clips(seed=batch_seed(data_seed, i))``,
+so no training batch shares a seed with the held-out evaluation stream
+(:data:`wc_fast.rewards.evaluate_reward_models.EVAL_DATA_SEED`).
+
+- ``reward`` / ``eval``: camera estimators (:mod:`wc_fast.rewards.estimators`), regression of
+  each frame pair's normalized relative pose (MSE), a new random action every frame, 10% no-op.
+- ``critic``: the VQ critic (:mod:`wc_fast.rewards.critic`), logistic ranking loss of each clean
+  frame against its degraded version, every degradation kind in every batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from wc_fast.rewards.critic import CRITIC_ASSET, build_critic
+from wc_fast.rewards.degrade import KINDS, add_noise, degraded_pairs, gaussian_blur
+from wc_fast.rewards.estimators import ESTIMATOR_ASSETS, build_estimator
+from wc_fast.rewards.weights import REGENERATE, save_model
+from wc_fast.world import ROTATION_STEP_DEG, TRANSLATION_STEP, batch_seed, sample_clips
+from wc_fast.world.motion import action_components
+
+RECIPES = {
+    "reward": {"arch": "pair_cnn", "model_seed": 11, "data_seed": 1000, "steps": 2000,
+               "batch": 16, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.5},
+    "eval": {"arch": "correlation", "model_seed": 22, "data_seed": 2000, "steps": 2000,
+             "batch": 16, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.6},
+    "critic": {"arch": "frame_cnn", "model_seed": 33, "data_seed": 3000, "steps": 1500,
+               "batch": 40, "lr": 2e-3},
+}
+NOOP_FRACTION = 0.1
+AUGMENT_FRACTION = 0.3  # share of estimator training clips that are mildly blurred and noisy
+
+
+def pose_targets(actions: Tensor) -> Tensor:
+    """Normalized pose parameters of action ids ``[B, F]`` -> ``[B, F, 6]`` (roll 0)."""
+    t, angles = action_components(actions)
+    roll = torch.zeros_like(angles[..., :1])
+    return torch.cat([t / TRANSLATION_STEP, angles / ROTATION_STEP_DEG, roll], -1).float()
+
+
+def _augment(frames: Tensor, gen: torch.Generator) -> Tensor:
+    """Mild blur and noise on a random share of the clips ``[B, T, 3, H, W]``, so the estimator
+    still reads motion from imperfect (generated) frames."""
+    b, t = frames.shape[:2]
+    picked = torch.rand(b, generator=gen) < AUGMENT_FRACTION
+    if not bool(picked.any()):
+        return frames
+    sub = frames[picked]
+    k = sub.shape[0]
+    sigma = (0.2 + 0.6 * torch.rand(k, generator=gen)).repeat_interleave(t)
+    flat = gaussian_blur(sub.flatten(0, 1), sigma)
+    flat = add_noise(flat, 0.03 * torch.rand(k * t, generator=gen), gen)
+    out = frames.clone()
+    out[picked] = flat.unflatten(0, (k, t))
+    return out
+
+
+def _cosine_lr(step: int, steps: int, lr: float, warmup: int = 100) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _estimator_loss(model: nn.Module, step: int, recipe: dict, gen: torch.Generator
+                    ) -> tuple[Tensor, dict]:
+    clips = sample_clips(recipe["batch"], seed=batch_seed(recipe["data_seed"], step),
+                         clip_frames=recipe["clip_frames"], segment_frames=1,
+                         noop_fraction=NOOP_FRACTION,
+                         composite_fraction=recipe["composite_fraction"])
+    target = pose_targets(clips.actions)
+    params = model.pair_params(_augment(clips.frames, gen))
+    loss = F.mse_loss(params, target)
+    # Per-frame sign agreement of all six parameters (a cheap proxy for label accuracy).
+    agree = ((params - target).abs() < 0.5).all(-1).float().mean()
+    return loss, {"agree": float(agree)}
+
+
+def _critic_loss(model: nn.Module, step: int, recipe: dict, gen: torch.Generator
+                 ) -> tuple[Tensor, dict]:
+    clips = sample_clips(recipe["batch"], seed=batch_seed(recipe["data_seed"], step),
+                         segment_frames=1)
+    pairs = [degraded_pairs(part, kind, gen)
+             for part, kind in zip(clips.frames.chunk(len(KINDS)), KINDS, strict=True)]
+    clean = torch.cat([p[0] for p in pairs])[:, None]
+    degraded = torch.cat([p[1] for p in pairs])[:, None]
+    scores = model(torch.cat([clean, degraded]))[:, 0]
+    s_clean, s_deg = scores.chunk(2)
+    margin = s_clean - s_deg
+    loss = F.softplus(-margin).mean() + 1e-3 * (scores**2).mean()
+    return loss, {"pair_acc": float((margin > 0).float().mean())}
+
+
+def train(which: str, *, steps: int | None = None, out: str | None = None, threads: int = 1,
+          log_every: int = 100) -> dict:
+    """Train recipe ``which`` and save it; returns the metadata written beside the weights."""
+    recipe = dict(RECIPES[which])
+    if steps is not None:
+        recipe["steps"] = steps
+    torch.set_num_threads(threads)
+    torch.manual_seed(recipe["model_seed"])
+    meta = {"arch": recipe["arch"], "resolution": 32, "translation_step": TRANSLATION_STEP,
+            "rotation_step_deg": ROTATION_STEP_DEG}
+    if which == "critic":
+        model, loss_fn, name = build_critic(meta), _critic_loss, CRITIC_ASSET
+    else:
+        model, loss_fn, name = build_estimator(meta), _estimator_loss, ESTIMATOR_ASSETS[which]
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=1e-4)
+    gen = torch.Generator().manual_seed(recipe["model_seed"])
+    start = time.perf_counter()
+    running: dict[str, float] = {}
+    for step in range(recipe["steps"]):
+        for group in opt.param_groups:
+            group["lr"] = _cosine_lr(step, recipe["steps"], recipe["lr"])
+        loss, stats = loss_fn(model, step, recipe, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        for key, value in {"loss": float(loss.detach()), **stats}.items():
+            running[key] = 0.98 * running.get(key, value) + 0.02 * value
+        if (step + 1) % log_every == 0 or step + 1 == recipe["steps"]:
+            shown = " ".join(f"{k}={v:.4f}" for k, v in running.items())
+            print(f"[{which}] step {step + 1}/{recipe['steps']} {shown} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+    minutes = (time.perf_counter() - start) / 60
+    meta["train"] = {**recipe, "threads": threads, "minutes": round(minutes, 2),
+                     "final": {k: round(v, 5) for k, v in running.items()},
+                     "noop_fraction": NOOP_FRACTION if which != "critic" else 0.0,
+                     "command": REGENERATE[name]}
+    path = save_model(model, name, meta, out)
+    print(f"[{which}] wrote {path} after {minutes:.1f} min")
+    return meta
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m wc_fast.rewards.train_reward_models",
+                                     description="Train an embedded reward model and write its "
+                                                 "weights to wc_fast/assets/.")
+    parser.add_argument("--which", choices=tuple(RECIPES), required=True)
+    parser.add_argument("--steps", type=int, default=None, help="override the recipe's steps")
+    parser.add_argument("--out", default=None, help="output folder (default: wc_fast/assets)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    train(args.which, steps=args.steps, out=args.out, threads=args.threads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
