@@ -4,15 +4,16 @@
 // namespace and, on x86-64, under a different `#pragma GCC target`. Keeping every function
 // in its own namespace means no inline function is shared between instruction sets, so code
 // built for AVX2 can never be linked into the baseline path (which must run on any x86-64).
-// There is deliberately no include guard. The file uses only the C++ standard library, the
-// storage types c10::Half / c10::BFloat16 (as raw 16-bit words, none of their functions) and,
-// under WC_ISA_F16C, the F16C intrinsics.
+// Everything has internal linkage; there is deliberately no include guard. The file uses only
+// the C++ standard library, the storage types c10::Half / c10::BFloat16 (as raw 16-bit words,
+// none of their functions) and, under WC_ISA_F16C, the F16C intrinsics.
 //
 // All loops work on blocks of kBlock elements in the accumulation type A (float, or double for
 // double inputs): 16-bit inputs are widened into stack buffers first, so the arithmetic loops
 // are plain `#pragma omp simd` loops that the compiler vectorizes for the target at hand.
 
 namespace wc_native {
+namespace {
 namespace WC_ISA {
 
 constexpr int64_t kBlock = 512;
@@ -29,6 +30,10 @@ inline uint32_t float_bits(float f) {
   return u;
 }
 
+// All ones when `condition` holds, else zero: selects written as masks, which GCC vectorizes
+// where it would not if-convert a conditional expression.
+inline uint32_t select_mask(bool condition) { return 0u - static_cast<uint32_t>(condition); }
+
 // IEEE half -> float, branch-free so that the loop over a block vectorizes (same algorithm
 // and results as c10::detail::fp16_ieee_to_fp32_value).
 inline float half_to_float(uint16_t h) {
@@ -37,9 +42,9 @@ inline float half_to_float(uint16_t h) {
   const uint32_t two_w = w + w;
   const float normalized = float_from_bits((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
   const float denormalized = float_from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
-  const uint32_t magnitude =
-      two_w < (1u << 27) ? float_bits(denormalized) : float_bits(normalized);
-  return float_from_bits(sign | magnitude);
+  const uint32_t denormal = select_mask(two_w < (1u << 27));
+  return float_from_bits(sign | (float_bits(denormalized) & denormal) |
+                         (float_bits(normalized) & ~denormal));
 }
 
 // float -> IEEE half, round to nearest even (same as c10::detail::fp16_ieee_from_fp32_value).
@@ -48,12 +53,12 @@ inline uint16_t float_to_half(float f) {
   const uint32_t w = float_bits(f);
   const uint32_t shl1_w = w + w;
   const uint32_t sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  bias = bias < 0x71000000u ? 0x71000000u : bias;
+  const uint32_t bias = std::max(shl1_w & 0xFF000000u, 0x71000000u);
   base = float_from_bits((bias >> 1) + 0x07800000u) + base;
   const uint32_t bits = float_bits(base);
   const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
-  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+  const uint32_t nan = select_mask(shl1_w > 0xFF000000u);
+  return static_cast<uint16_t>((sign >> 16) | (0x7E00u & nan) | (nonsign & ~nan));
 }
 
 inline float bfloat16_to_float(uint16_t h) {
@@ -215,4 +220,5 @@ void flow_noise_segment(const T* x0, const A* sigmas, int64_t k, const T* noise,
 }
 
 }  // namespace WC_ISA
+}  // namespace
 }  // namespace wc_native
