@@ -1,19 +1,17 @@
 """torch.library registration of the fused ops, with their fake kernels and autograd.
 
-=============================  ======  ==============================================
-op                             CUDA    CPU
-=============================  ======  ==============================================
-``wc_fast::nft_loss_fwd``      Triton  native (``kernels._native``) when it is built,
-``wc_fast::flow_noise``                else Triton under ``TRITON_INTERPRET=1``
-``wc_fast::nft_loss_fwd_triton``  Triton  Triton under ``TRITON_INTERPRET=1``
-``wc_fast::flow_noise_triton``
-=============================  ======  ==============================================
+Importing this module registers (the public ops import it when they first use a fast backend):
 
-The ``_triton`` twins exist so that ``backend="triton"`` reaches the Triton kernels on CPU
-tensors even when the native kernel owns the CPU dispatch key of the main op; every op of a
-pair gets the same fake kernel and the same autograd formula. The Triton implementations are
-``torch.library.triton_op`` so ``torch.compile`` sees (and can inline) the kernels. Without
-``triton`` installed only the native CPU kernels are registered; with neither, no op is.
+- ``wc_fast::nft_loss_fwd`` and ``wc_fast::flow_noise``: Triton on CUDA; on CPU the native
+  kernel (``kernels._native``) when it is built, else Triton under ``TRITON_INTERPRET=1``.
+- ``wc_fast::nft_loss_fwd_triton`` and ``wc_fast::flow_noise_triton``: Triton on every device,
+  so that ``backend="triton"`` reaches the Triton kernels on CPU tensors even when the native
+  kernel owns the CPU dispatch key of the main op.
+
+Every op of a pair gets the same fake kernel and the same autograd formula. The Triton
+implementations are ``torch.library.triton_op`` so ``torch.compile`` sees (and Inductor can
+compile) the kernels; under the interpreter they are opaque custom ops. Without ``triton``
+installed only the native CPU kernels are registered; with neither, no op is.
 
 Signatures (all tensors 2-D, rows flattened by the public ops in :mod:`kernels.nft_loss` and
 :mod:`kernels.flow_noise`):
@@ -32,6 +30,7 @@ import torch
 from torch import Tensor
 
 from kernels._backend import native_built, triton_interpreting
+from kernels.reference import compute_dtype
 
 try:
     import triton  # noqa: F401
@@ -43,10 +42,6 @@ else:
 NFT_LOSS = "wc_fast::nft_loss_fwd"
 FLOW_NOISE = "wc_fast::flow_noise"
 TRITON_TWIN = "_triton"
-
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 # nft_loss_fwd -----------------------------------------------------------------------------
@@ -62,7 +57,7 @@ def _nft_native(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
 
 def _nft_fake(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
               sigma: Tensor | None, beta: float, x0: bool) -> tuple[Tensor, Tensor]:
-    loss = v_theta.new_empty(v_theta.shape[0], dtype=_acc(v_theta.dtype))
+    loss = v_theta.new_empty(v_theta.shape[0], dtype=compute_dtype(v_theta.dtype))
     return loss, torch.empty_like(v_theta, memory_format=torch.contiguous_format)
 
 
@@ -97,7 +92,7 @@ def _flow_setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) 
 
 def _flow_backward(ctx: Any, g_xt: Tensor, g_v: Tensor) -> tuple:
     x0, sigmas, noise = ctx.saved_tensors
-    acc = _acc(x0.dtype)
+    acc = compute_dtype(x0.dtype)
     (s, k), d = sigmas.shape, x0.shape[1]
     sig = sigmas.to(acc).reshape(s, k, 1)
     g_xt, g_v = g_xt.to(acc).reshape(s, k, d), g_v.to(acc).reshape(s, k, d)

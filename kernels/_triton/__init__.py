@@ -88,12 +88,8 @@ def check_operand(op: str, name: str, t: torch.Tensor, shape: tuple[int, ...], r
                         f"got {t.dtype}")
 
 
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Accumulation dtype: fp64 for fp64 inputs, fp32 otherwise."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def tl_acc(dtype: torch.dtype) -> tl.dtype:
+    """Triton accumulation dtype (:func:`kernels.reference.compute_dtype`)."""
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 

@@ -28,14 +28,13 @@ from torch.library import wrap_triton
 
 from kernels._triton import (
     AotConfig,
-    acc_dtype,
     check_operand,
     new_output,
     row_split,
     tl_acc,
 )
+from kernels.reference import X0_WEIGHT_FLOOR, compute_dtype
 
-X0_WEIGHT_FLOOR = 1e-5
 GPU_BLOCK = 2048  # per loop step: 8 elements per thread, one 16-byte load for bf16
 GPU_WARPS = 8
 
@@ -139,11 +138,11 @@ def nft_loss_fwd(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
     _check(v_theta, v_old, v_target, r, sigma, x0)
     vt, vo, vs = v_theta.contiguous(), v_old.contiguous(), v_target.contiguous()
     rows, d = vt.shape
-    acc = acc_dtype(vt.dtype)
+    acc = compute_dtype(vt.dtype)
     cfg = row_split(rows, d, vt.device, GPU_BLOCK, GPU_WARPS)
     grid = (rows, cfg.n_splits)
     r32 = r.to(torch.float32).contiguous()
-    k = r32
+    k = r32  # not read in velocity space (HAS_K=False)
     if x0:
         sums = new_output((rows, cfg.n_splits, 2), acc, vt.device)
         wrap_triton(nft_abs_err_kernel)[grid](
