@@ -53,12 +53,12 @@ def copy_bandwidth() -> float:
 def _bench(benchmark, fn, bytes_moved: int, copy_bw: float) -> None:
     """Time ``fn`` (already warmed up) and record bandwidth figures in ``extra_info``."""
 
-    def rounds():
+    def one_round():
         for _ in range(REPEAT):
             fn()
         torch.cuda.synchronize()
 
-    benchmark.pedantic(rounds, rounds=ROUNDS, iterations=1, warmup_rounds=2)
+    benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1, warmup_rounds=2)
     per_call = benchmark.stats.stats.median / REPEAT
     benchmark.extra_info.update(
         calls_per_round=REPEAT,
