@@ -5,7 +5,7 @@
 #
 # 1. the GPU-marked tests:  pytest -m gpu tests/               -> OUT_DIR/gpu_tests.xml
 # 2. every benchmark file:  pytest --benchmark-only bench/...  -> OUT_DIR/bench_<file>.json
-#    (kernel benchmarks first; --benchmark-enable overrides pyproject's --benchmark-disable)
+#    (kernel benchmarks first)
 # 3. a short table of both (bench/summarize.py).
 # Each step gets what is left of a fixed time budget, so a slow step cannot push the check
 # past the limit; the exit status is non-zero if any step failed or ran out of time.
@@ -51,7 +51,7 @@ for f in bench/test_bench_*.py; do
 done
 for f in "${bench_files[@]}"; do
     json="$out/bench_$(basename "$f" .py).json"
-    run_step python -m pytest --benchmark-enable --benchmark-only "$f" -q -p no:cacheprovider \
+    run_step python -m pytest --benchmark-only "$f" -q -p no:cacheprovider \
         --benchmark-group-by=group --benchmark-json="$json"
     reports+=("$json")
 done

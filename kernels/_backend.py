@@ -66,8 +66,12 @@ def unavailable_reason(backend: str, device: torch.device) -> str | None:
     return f"unknown backend {backend!r}; expected one of {BACKENDS}"
 
 
+@torch.compiler.assume_constant_result
 def resolve(op: str, backend: str, device: torch.device, implemented: tuple[str, ...]) -> str:
-    """The concrete backend ``op`` uses for tensors on ``device``; raises if it cannot run."""
+    """The concrete backend ``op`` uses for tensors on ``device``; raises if it cannot run.
+
+    A trace-time constant under ``torch.compile`` (dynamo cannot trace the import probes).
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":

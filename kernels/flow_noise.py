@@ -11,11 +11,6 @@ from kernels._backend import resolve
 IMPLEMENTED = ("reference", "triton", "native")
 
 
-@torch.compiler.assume_constant_result
-def _resolve(backend: str, device: torch.device) -> str:
-    """The backend to run; a trace-time constant under ``torch.compile``."""
-    return resolve("flow_noise", backend, device, IMPLEMENTED)
-
 
 def _check_inputs(x0, sigmas, noise) -> None:
     _checks.check_tensor("x0", x0, min_dim=1)
@@ -61,7 +56,7 @@ def flow_noise(
     if noise is None:
         noise = torch.randn((s * k, *x0.shape[1:]), generator=generator, device=x0.device,
                             dtype=x0.dtype)
-    chosen = _resolve(backend, x0.device)
+    chosen = resolve("flow_noise", backend, x0.device, IMPLEMENTED)
     if chosen == "reference":
         return reference.flow_noise(x0, sigmas, noise)
     from kernels import _ops

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor
 
 from kernels import _checks, reference
@@ -14,11 +13,6 @@ SPACES = ("velocity", "x0")
 REDUCTIONS = ("mean", "sum", "none")
 IMPLEMENTED = ("reference", "triton", "native")
 
-
-@torch.compiler.assume_constant_result
-def _resolve(backend: str, device: torch.device) -> str:
-    """The backend to run; a trace-time constant under ``torch.compile``."""
-    return resolve("nft_loss", backend, device, IMPLEMENTED)
 
 
 def _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction) -> None:
@@ -72,7 +66,7 @@ def nft_loss(
     non-contiguous inputs are copied first.
     """
     _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction)
-    chosen = _resolve(backend, v_theta.device)
+    chosen = resolve("nft_loss", backend, v_theta.device, IMPLEMENTED)
     if chosen == "reference":
         per_sample = reference.nft_loss(v_theta, v_old, v_target, r, beta=float(beta),
                                         sigma=sigma, space=space)
