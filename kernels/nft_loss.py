@@ -15,7 +15,7 @@ IMPLEMENTED = ("reference", "triton", "native")
 
 
 
-def _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction) -> None:
+def _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction, values) -> None:
     _checks.check_tensor("v_theta", v_theta, min_dim=1)
     _checks.check_like("v_old", _checks.check_tensor("v_old", v_old), "v_theta", v_theta)
     _checks.check_like("v_target", _checks.check_tensor("v_target", v_target), "v_theta",
@@ -30,14 +30,16 @@ def _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction) ->
     _checks.check_tensor("r", r)
     _checks.check_shape("r", r, (b,), "one optimality value per sample")
     _checks.check_device("r", r, "v_theta", v_theta)
-    _checks.check_range("r", r, 0.0, 1.0)
+    if values:
+        _checks.check_range("r", r, 0.0, 1.0)
     if space == "x0":
         if sigma is None:
             raise ValueError("sigma [B] is required for space='x0'")
         _checks.check_tensor("sigma", sigma)
         _checks.check_shape("sigma", sigma, (b,), "one noise level per sample")
         _checks.check_device("sigma", sigma, "v_theta", v_theta)
-        _checks.check_range("sigma", sigma, 0.0, 1.0)
+        if values:
+            _checks.check_range("sigma", sigma, 0.0, 1.0)
 
 
 def nft_loss(
@@ -51,6 +53,7 @@ def nft_loss(
     space: str = "velocity",
     reduction: str = "mean",
     backend: str = "auto",
+    check_values: bool = True,
 ) -> Tensor:
     """Negative-aware flow-matching loss (DESIGN section 7).
 
@@ -64,8 +67,11 @@ def nft_loss(
     :mod:`kernels._ops`): one pass over the inputs (two for ``x0``) yields the per-sample loss
     and ``dL_i/dv_theta``, which the backward scales; ``r`` and ``sigma`` are used in fp32 and
     non-contiguous inputs are copied first.
+
+    ``check_values=False`` skips the range checks of ``r`` and ``sigma``, which read them on
+    the host (a device sync on CUDA): for callers that validated them already.
     """
-    _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction)
+    _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction, check_values)
     chosen = resolve("nft_loss", backend, v_theta.device, IMPLEMENTED)
     if chosen == "reference":
         per_sample = reference.nft_loss(v_theta, v_old, v_target, r, beta=float(beta),

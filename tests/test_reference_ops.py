@@ -227,3 +227,12 @@ def test_prefix_attention_bad_inputs():
     empty = torch.randn(1, 2, 0, 4)
     with pytest.raises(ValueError, match="at least one key"):
         kernels.prefix_attention(q, q[:, :, :0], q[:, :, :0], empty, empty)
+
+
+def test_value_checks_can_be_skipped_by_validated_callers():
+    args = _nft_args(r=torch.tensor([0.5, 1.5]))
+    loss = kernels.nft_loss(**args, backend="reference", check_values=False)
+    assert torch.isfinite(loss)
+    x_t, _ = kernels.flow_noise(torch.randn(2, 3), torch.full((2, 2), 1.5), check_values=False,
+                                backend="reference")
+    assert x_t.shape == (4, 3)

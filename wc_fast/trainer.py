@@ -176,7 +176,7 @@ class Trainer:
         x0 = group.candidates[chosen.to(self.device)]
         noise = torch.randn((len(chosen) * k_sig, *x0.shape[1:]), generator=gen,
                             device=self.device)
-        x_t, v_target = flow_noise(x0, sigmas, noise)
+        x_t, v_target = flow_noise(x0, sigmas, noise, check_values=False)
         owner = chosen.repeat_interleave(k_sig).tolist()
         return {"group": group, "x_t": x_t, "v_target": v_target, "sigma": sigmas.flatten(),
                 "r": r[chosen].repeat_interleave(k_sig).to(self.device), "owner": owner}
@@ -227,7 +227,7 @@ class Trainer:
             flops = 4 * batch_flops
         loss = nft_loss(v_theta, v_old, item["v_target"][part].to(v_theta.dtype),
                         item["r"][part], beta=nf.beta, sigma=sigma, space=nf.loss_space,
-                        reduction="sum")
+                        reduction="sum", check_values=False)
         return loss, flops
 
     def _global_sum(self, value: float) -> float:
