@@ -172,6 +172,9 @@ def _official() -> Config:
 
 def _cpu() -> Config:
     cfg = Config(preset="cpu")
+    cfg.model.patch = 8
+    cfg.model.depth = 4
+    cfg.pretrain.steps = 1500
     cfg.rollout.group_size = 8
     cfg.rollout.num_clips = 3
     cfg.rollout.steps = 10

@@ -10,7 +10,6 @@ base model follows single keys far better than combinations, like WorldPlay.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -62,12 +61,10 @@ def flow_matching_loss(model: TinyWorldDiT, frames: torch.Tensor, actions: torch
     return (v - v_target.reshape(v.shape)).square().mean()
 
 
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warmup, then cosine decay to 10%."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+def lr_factor(step: int, warmup: int) -> float:
+    """Linear warmup, then constant (the EMA weights do the averaging), so a finished run
+    can be extended with ``--resume --steps N`` without changing its past schedule."""
+    return min(1.0, (step + 1) / max(1, warmup))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=pt.lr, betas=(0.9, 0.99),
                                   weight_decay=pt.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, pt.warmup, pt.steps))
+        optimizer, lambda s: lr_factor(s, pt.warmup))
     start, log = 0, []
     if run.resume:
         ckpt = checkpoint.load(checkpoint.latest(out), models={"model": model, "ema": ema})
