@@ -5,11 +5,12 @@
 // checks, the work split over threads and the pybind11 bindings. The vectorized inner loops
 // are in simd_kernels.h, compiled here once per instruction set (see "Instruction sets").
 
-#include <torch/extension.h>
-
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/StringUtil.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,7 +28,8 @@
 #include <sys/mman.h>
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__)
+// The AVX2 copy relies on GCC's target pragma; other compilers build the baseline copy only.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 #define WC_HAVE_X86_VARIANTS 1
 #else
@@ -190,21 +192,24 @@ at::Tensor checked_params(const char* op, const char* name, const at::Tensor& t,
 
 at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
-// ---- Outputs. A fresh 64 MiB gradient from the default allocator costs 16384 page faults,
+// ---- Outputs. glibc serves allocations above 32 MiB (its largest mmap threshold) with fresh
+// pages every time, so a 64 MiB gradient from the default allocator costs 16384 page faults,
 // which on a 2-core VM take longer than the kernel's arithmetic (about 17 ms against 10 ms for
-// 16M fp32 elements). Large outputs are therefore allocated 2 MiB-aligned and marked for
+// 16M fp32 elements). Such outputs are therefore allocated 2 MiB-aligned and marked for
 // transparent huge pages (madvise), as c10 does for every allocation under
-// THP_MEM_ALLOC_ENABLE=1: 32 faults instead of 16384. Where the kernel refuses huge pages the
+// THP_MEM_ALLOC_ENABLE=1: 32 faults instead of 16384. Smaller outputs keep the default
+// allocator, whose heap reuses memory without faults. Where the kernel refuses huge pages the
 // advice is ignored and nothing else changes.
 
 constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kHugePageMinBytes = size_t{32} << 20;
 
 void free_output(void* ptr) { std::free(ptr); }
 
 class HugePageAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
-    if (nbytes < 2 * kHugePage) return c10::GetCPUAllocator()->allocate(nbytes);
+    if (nbytes < kHugePageMinBytes) return c10::GetCPUAllocator()->allocate(nbytes);
     const size_t size = (nbytes + kHugePage - 1) / kHugePage * kHugePage;
     void* ptr = nullptr;
     TORCH_CHECK(posix_memalign(&ptr, kHugePage, size) == 0,
