@@ -53,6 +53,16 @@ class IterationStats:
     train_flops: float = 0.0
 
 
+def group_prompt(cfg: Config, step: int, group: int, device: torch.device
+                 ) -> tuple[Tensor, Tensor]:
+    """World prompt frame ``[1, 1, C, H, W]`` and action ids ``[N*F]`` of a global group."""
+    data = sample_sequences(1, num_clips=cfg.rollout.num_clips,
+                            seed=stream_seed(cfg.train.seed, step, group, "prompt") % 2**31,
+                            composite_fraction=cfg.rollout.composite_fraction,
+                            clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
+    return data.frames[:, :1].to(device), data.actions[0].to(device)
+
+
 class RewardNaNError(ValueError):
     """A reward model returned NaN or inf."""
 
@@ -83,22 +93,13 @@ class Trainer:
         b = self.cfg.rollout.groups_per_rank
         return [self.rank * b + i for i in range(b)]
 
-    def prompt(self, step: int, group: int) -> tuple[Tensor, Tensor]:
-        """World prompt frame ``[1, 1, C, H, W]`` and action ids ``[N*F]`` of a global group."""
-        c = self.cfg
-        data = sample_sequences(1, num_clips=c.rollout.num_clips,
-                                seed=stream_seed(c.train.seed, step, group, "prompt") % 2**31,
-                                composite_fraction=c.rollout.composite_fraction,
-                                clip_frames=c.model.clip_frames, resolution=c.model.resolution)
-        return data.frames[:, :1].to(self.device), data.actions[0].to(self.device)
-
     # -- phases ---------------------------------------------------------------------------------
 
     def rollout(self, step: int, clip_index: int) -> list[GroupRollout]:
         run = rollout_sample_level if self.cfg.rollout.mode == "sample" else rollout_clip_level
         groups = []
         for g in self.group_ids():
-            prompt, actions = self.prompt(step, g)
+            prompt, actions = group_prompt(self.cfg, step, g, self.device)
             gen = generator(self.cfg.train.seed, step, g, "rollout", device=self.device)
             groups.append(run(self.old, self.sampler, prompt, actions, clip_index,
                               self.cfg.rollout.group_size, gen))

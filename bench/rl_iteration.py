@@ -1,0 +1,84 @@
+"""One RL iteration: wc_fast's trainer vs the official-style baseline, same model and config.
+
+    python bench/rl_iteration.py --preset cpu --json PATH
+
+Both start from the same weights at the same iteration (the longest history, clip N) and run
+the same numbers of candidates, sigmas and updates. Writes per-phase seconds for both, the
+speedup, and ``flop_fraction``: the trainer's model FLOP/s in its train phase over a large
+fp32 matmul's FLOP/s measured in the same run (bf16 on GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from official_style import OfficialStyleIteration  # noqa: E402
+
+from wc_fast import config as config_lib  # noqa: E402
+from wc_fast.metrics import matmul_flops  # noqa: E402
+from wc_fast.runtime import resolve_device  # noqa: E402
+from wc_fast.train import initial_model  # noqa: E402
+from wc_fast.trainer import Trainer  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="cpu", choices=config_lib.PRESETS)
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--repeat", type=int, default=1, help="iterations timed per side")
+    args = parser.parse_args(argv)
+    cfg = config_lib.preset(args.preset)
+    device = resolve_device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(min(2, torch.get_num_threads()))
+    base = initial_model(cfg, device)
+    step = cfg.rollout.num_clips - 1  # clip N: the longest shared history
+    ours = Trainer(cfg, copy.deepcopy(base), device)
+    theirs = OfficialStyleIteration(cfg, copy.deepcopy(base), device)
+    ours.iteration(step)  # warm-up (allocator, first-call overheads) on both sides
+    theirs.run(step)
+    our_times, their_times, flops, train_s = [], [], 0.0, 0.0
+    for i in range(args.repeat):
+        stats = ours.iteration(step + i * cfg.rollout.num_clips)
+        our_times.append(stats.times)
+        flops += stats.train_flops
+        train_s += stats.times["train"]
+        their_times.append(theirs.run(step + i * cfg.rollout.num_clips))
+    peak = matmul_flops(device, torch.float32 if device.type == "cpu" else torch.bfloat16)
+
+    def mean_phases(rows: list[dict]) -> dict:
+        return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+
+    ours_p, theirs_p = mean_phases(our_times), mean_phases(their_times)
+    result = {"preset": cfg.preset, "device": str(device), "clip_index": cfg.rollout.num_clips,
+              "ours_s": sum(ours_p.values()), "official_style_s": sum(theirs_p.values()),
+              "ours_phases_s": ours_p, "official_style_phases_s": theirs_p,
+              "train_flops_per_s": flops / train_s, "matmul_flops_per_s": peak,
+              "flop_fraction": flops / train_s / peak}
+    result["speedup"] = result["official_style_s"] / result["ours_s"]
+    print(f"{'phase':<10}{'ours (s)':>12}{'official-style (s)':>20}{'ratio':>8}")
+    for phase in ours_p:
+        print(f"{phase:<10}{ours_p[phase]:>12.2f}{theirs_p[phase]:>20.2f}"
+              f"{theirs_p[phase] / max(ours_p[phase], 1e-9):>8.2f}")
+    print(f"{'total':<10}{result['ours_s']:>12.2f}{result['official_style_s']:>20.2f}"
+          f"{result['speedup']:>8.2f}")
+    print(f"train-phase model FLOP/s {result['train_flops_per_s'] / 1e9:.1f} G = "
+          f"{100 * result['flop_fraction']:.0f}% of a large matmul's "
+          f"{peak / 1e9:.1f} GFLOP/s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
