@@ -187,7 +187,7 @@ def _cpu() -> Config:
 
 def _smoke() -> Config:
     cfg = Config(preset="smoke")
-    cfg.model.resolution = 16
+    cfg.model.patch = 8
     cfg.model.dim = 32
     cfg.model.depth = 2
     cfg.model.heads = 2

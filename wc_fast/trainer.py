@@ -105,8 +105,8 @@ class Trainer:
                               self.cfg.rollout.group_size, gen))
         return groups
 
-    def rewards(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor]:
-        """IF and VQ scores ``[B, G]``; NaN or inf raises :class:`RewardNaNError`."""
+    def _scores(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor]:
+        """Raw IF and VQ scores ``[B, G]`` from the reward estimator and the critic."""
         rw = self.cfg.reward
         s_if, s_vq = [], []
         for group in groups:
@@ -115,7 +115,11 @@ class Trainer:
                                   trans_thresholds=rw.trans_thresholds,
                                   rot_threshold_deg=rw.rot_threshold_deg))
             s_vq.append(vq_scores(self.critic, frames, stride=rw.vq_stride, mode=rw.vq_mode))
-        s_if, s_vq = torch.stack(s_if).float(), torch.stack(s_vq).float()
+        return torch.stack(s_if).float(), torch.stack(s_vq).float()
+
+    def rewards(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor]:
+        """IF and VQ scores ``[B, G]``; NaN or inf raises :class:`RewardNaNError`."""
+        s_if, s_vq = self._scores(groups)
         for name, s in (("IF", s_if), ("VQ", s_vq)):
             if not bool(torch.isfinite(s).all()):
                 raise RewardNaNError(f"the {name} reward returned NaN or inf for clip "

@@ -1,0 +1,123 @@
+"""The RL driver on the smoke preset: outputs, exact resume, ranks, and bad input."""
+
+import os
+import shutil
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from wc_fast import checkpoint
+from wc_fast.config import preset
+from wc_fast.models import TinyWorldDiT
+from wc_fast.telemetry import GpuTelemetry
+from wc_fast.train import main
+from wc_fast.trainer import RewardNaNError, Trainer
+
+SMOKE = ["--preset", "smoke", "--train.ckpt_every", "1"]
+
+
+def _final_weights(out) -> dict:
+    return load_file(checkpoint.latest(out) / "model.safetensors")
+
+
+def _assert_same(a: dict, b: dict, atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0 if atol == 0 else 1e-4, atol=atol,
+                                   msg=key)
+
+
+def test_smoke_run_writes_metrics_checkpoints_and_plot(tmp_path):
+    assert main([*SMOKE, "--steps", "2", "--out", str(tmp_path)]) == 0
+    rows = [line for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if line]
+    assert len(rows) == 2
+    assert (tmp_path / "rewards.png").is_file()
+    assert len(checkpoint.list_checkpoints(tmp_path)) == 2
+
+
+def test_resume_continues_exactly(tmp_path):
+    args = [*SMOKE, "--steps", "3", "--out", str(tmp_path), "--train.keep_last", "3"]
+    assert main(args) == 0
+    uninterrupted = _final_weights(tmp_path)
+    shutil.rmtree(checkpoint.latest(tmp_path))
+    assert main([*args, "--resume"]) == 0
+    _assert_same(uninterrupted, _final_weights(tmp_path))
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [int(r.split('"step": ')[1].split(",")[0]) for r in rows] == [1, 2, 3]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank(rank: int, world: int, port: int, args: list[str]) -> None:
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank)})
+    torch.set_num_threads(1)
+    main(args)
+
+
+def test_two_gloo_ranks_equal_one_process_over_the_same_groups(tmp_path):
+    common = [*SMOKE, "--steps", "2", "--reward.std", "global"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main([*common, "--out", str(one), "--rollout.groups_per_rank", "2"]) == 0
+    mp.spawn(_rank, args=(2, _free_port(), [*common, "--out", str(two),
+                                            "--rollout.groups_per_rank", "1"]),
+             nprocs=2, join=True)
+    _assert_same(_final_weights(one), _final_weights(two), atol=1e-5)
+
+
+def test_resume_refuses_another_config_and_damaged_checkpoints(tmp_path):
+    assert main([*SMOKE, "--steps", "1", "--out", str(tmp_path)]) == 0
+    with pytest.raises(checkpoint.CheckpointError, match="nft.beta"):
+        main([*SMOKE, "--steps", "2", "--out", str(tmp_path), "--resume", "--nft.beta", "0.5"])
+    weights = checkpoint.latest(tmp_path) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(checkpoint.CheckpointError, match="corrupt"):
+        main([*SMOKE, "--steps", "2", "--out", str(tmp_path), "--resume"])
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint found"):
+        main([*SMOKE, "--steps", "2", "--out", str(tmp_path / "nothing"), "--resume"])
+
+
+def test_unknown_field_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main([*SMOKE, "--rollout.bogus", "1", "--out", str(tmp_path)])
+    assert "unknown config field 'rollout.bogus'" in capsys.readouterr().err
+
+
+def test_nan_reward_is_a_clear_error(tmp_path, monkeypatch):
+    def nan_critic(self, groups):
+        g = self.cfg.rollout.group_size
+        return torch.rand(len(groups), g), torch.full((len(groups), g), float("nan"))
+
+    monkeypatch.setattr(Trainer, "_scores", nan_critic)
+    with pytest.raises(RewardNaNError, match="VQ reward returned NaN"):
+        main([*SMOKE, "--steps", "1", "--out", str(tmp_path)])
+
+
+def test_all_equal_groups_make_no_update_and_are_counted(tmp_path, monkeypatch):
+    def flat(self, groups):
+        g = self.cfg.rollout.group_size
+        return torch.full((len(groups), g), 0.5), torch.full((len(groups), g), 0.25)
+
+    monkeypatch.setattr(Trainer, "_scores", flat)
+    assert main([*SMOKE, "--steps", "1", "--out", str(tmp_path),
+                 "--train.init", "random"]) == 0
+    row = (tmp_path / "metrics.jsonl").read_text()
+    assert '"skipped_groups": 1' in row
+    trained = load_file(checkpoint.latest(tmp_path) / "model.safetensors")
+    torch.manual_seed(preset("smoke").train.seed)
+    fresh = TinyWorldDiT(preset("smoke").model).state_dict()
+    _assert_same(trained, {k: v.contiguous() for k, v in fresh.items()})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
+def test_telemetry_is_off_without_a_gpu():
+    telemetry = GpuTelemetry()
+    assert telemetry.status.startswith("telemetry off")
+    assert telemetry.read() == {}
