@@ -6,7 +6,8 @@
 # 1. the GPU-marked tests:  pytest -m gpu tests/               -> OUT_DIR/gpu_tests.xml
 # 2. every benchmark file:  pytest --benchmark-only bench/...  -> OUT_DIR/bench_<file>.json
 #    (kernel benchmarks first)
-# 3. a short table of both (bench/summarize.py).
+# 3. one RL iteration, ours vs official-style     -> OUT_DIR/rl_iteration.json
+# 4. a short table of the tests and benchmarks (bench/summarize.py).
 # Each step gets what is left of a fixed time budget, so a slow step cannot push the check
 # past the limit; the exit status is non-zero if any step failed or ran out of time.
 set -uo pipefail
@@ -55,6 +56,8 @@ for f in "${bench_files[@]}"; do
         --benchmark-group-by=group --benchmark-json="$json"
     reports+=("$json")
 done
+
+run_step python bench/rl_iteration.py --preset paper --init random --json "$out/rl_iteration.json"
 
 python bench/summarize.py "${reports[@]}"
 echo "gpu_check: finished in ${SECONDS}s, status ${status}; reports in $out"

@@ -35,8 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--repeat", type=int, default=1, help="iterations timed per side")
+    parser.add_argument("--init", default=None,
+                        help="train.init override, e.g. 'random' for a preset whose model size "
+                             "differs from the shipped base model")
     args = parser.parse_args(argv)
     cfg = config_lib.preset(args.preset)
+    if args.init is not None:
+        cfg.train.init = args.init
     device = resolve_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(min(2, torch.get_num_threads()))
