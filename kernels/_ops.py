@@ -22,6 +22,14 @@ Signatures (all tensors 2-D, rows flattened by the public ops in :mod:`kernels.n
 - ``flow_noise(x0 [S, D], sigmas [S, K], noise [S*K, D]) -> (x_t, v_target [S*K, D])``.
   Backward: ``dx0[s] = sum_j (1 - sig[s, j]) g_xt[s*K+j] - g_v[s*K+j]``,
   ``dnoise = sig * g_xt + g_v``, ``dsigmas[s, j] = <g_xt[s*K+j], noise[s*K+j] - x0[s]>``.
+
+Shared-prefix attention (Triton on every device, in ``ATTENTION_OPS``; see
+:mod:`kernels._triton.prefix_attention`):
+
+- ``wc_fast::prefix_attention_fwd(q [B, H, L, D], k, v [B, H, Lk, D], prefix_k, prefix_v
+  [1, H, P, D], scale) -> (out [B, H, L, D], lse [B, H, L] fp32)``. Backward:
+  ``wc_fast::prefix_attention_bwd(grad_out, q, k, v, prefix_k, prefix_v, out, lse, scale)
+  -> (dq, dk, dv, dprefix_k, dprefix_v)``; ``lse`` gets no gradient.
 """
 
 from typing import Any
@@ -41,6 +49,8 @@ else:
 
 NFT_LOSS = "wc_fast::nft_loss_fwd"
 FLOW_NOISE = "wc_fast::flow_noise"
+PREFIX_ATTENTION = "wc_fast::prefix_attention_fwd"
+PREFIX_ATTENTION_BWD = "wc_fast::prefix_attention_bwd"
 TRITON_TWIN = "_triton"
 
 
@@ -107,6 +117,45 @@ def _flow_backward(ctx: Any, g_xt: Tensor, g_v: Tensor) -> tuple:
     return d_x0, d_sig, d_noise
 
 
+# prefix_attention --------------------------------------------------------------------------
+
+def _attn_fake(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
+               scale: float) -> tuple[Tensor, Tensor]:
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def _attn_bwd_fake(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
+                   prefix_v: Tensor, out: Tensor, lse: Tensor, scale: float
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
+                 for t in (q, k, v, prefix_k, prefix_v))
+
+
+def _attn_setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    *tensors, scale = inputs
+    ctx.save_for_backward(*tensors, *output)
+    ctx.scale = scale
+    ctx.mark_non_differentiable(output[1])
+
+
+def _attn_backward(ctx: Any, grad_out: Tensor, _grad_lse: Tensor | None) -> tuple:
+    backward = ATTENTION_OPS[PREFIX_ATTENTION_BWD]
+    return (*backward(grad_out, *ctx.saved_tensors, ctx.scale), None)
+
+
+def _define_attention() -> None:
+    from kernels._triton.prefix_attention import prefix_attention_bwd, prefix_attention_fwd
+
+    backward = _define(PREFIX_ATTENTION_BWD, prefix_attention_bwd, None, native=False)
+    backward.register_fake(_attn_bwd_fake)
+    forward = _define(PREFIX_ATTENTION, prefix_attention_fwd, None, native=False)
+    forward.register_fake(_attn_fake)
+    forward.register_autograd(_attn_backward, setup_context=_attn_setup_context)
+    ATTENTION_OPS[PREFIX_ATTENTION_BWD] = backward
+    ATTENTION_OPS[PREFIX_ATTENTION] = forward
+
+
 # registration ------------------------------------------------------------------------------
 
 def _define(name: str, launch: Any, native_impl: Any, native: bool) -> Any:
@@ -167,13 +216,15 @@ def _define_flow(name: str, native: bool) -> Any:
 
 
 NATIVE = native_built()
-OPS: dict[str, Any] = {}
+OPS: dict[str, Any] = {}  # the elementwise ops and their Triton twins
+ATTENTION_OPS: dict[str, Any] = {}  # shared-prefix attention, Triton only
 if HAVE_TRITON or NATIVE:
     OPS[NFT_LOSS] = _define_nft(NFT_LOSS, NATIVE)
     OPS[FLOW_NOISE] = _define_flow(FLOW_NOISE, NATIVE)
 if HAVE_TRITON:
     OPS[NFT_LOSS + TRITON_TWIN] = _define_nft(NFT_LOSS + TRITON_TWIN, native=False)
     OPS[FLOW_NOISE + TRITON_TWIN] = _define_flow(FLOW_NOISE + TRITON_TWIN, native=False)
+    _define_attention()
 
 
 def op_for(name: str, backend: str, device: torch.device) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from kernels import _checks, reference
@@ -9,8 +10,22 @@ from kernels._backend import resolve
 from kernels._prefix_flex import flex_prefix_attention
 from kernels._prefix_split import split_prefix_attention
 
-IMPLEMENTED = ("reference", "split", "flex")
-_FAST = {"split": split_prefix_attention, "flex": flex_prefix_attention}
+IMPLEMENTED = ("reference", "triton", "split", "flex")
+NO_FLOAT64 = ("triton",)  # fp16/bf16/fp32 only; "auto" skips them for float64 inputs
+MAX_HEAD_DIM = {"triton": 128}
+
+
+def triton_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
+                            prefix_v: Tensor, scale: float) -> Tensor:
+    """The fused Triton kernels (:mod:`kernels._triton.prefix_attention`) through the
+    registered op ``wc_fast::prefix_attention_fwd`` and its autograd."""
+    from kernels import _ops
+
+    return _ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION](q, k, v, prefix_k, prefix_v, scale)[0]
+
+
+_FAST = {"split": split_prefix_attention, "flex": flex_prefix_attention,
+         "triton": triton_prefix_attention}
 
 
 def _check_inputs(q, k, v, prefix_k, prefix_v) -> None:
@@ -38,6 +53,20 @@ def _check_inputs(q, k, v, prefix_k, prefix_v) -> None:
         raise ValueError("prefix_attention needs at least one key: L_k + P must be > 0")
 
 
+def _candidates(q: Tensor, backend: str) -> tuple[str, ...]:
+    """Backends that can take ``q``'s dtype and head dim; raises if ``backend`` cannot."""
+    def fits(name: str) -> bool:
+        return not ((q.dtype == torch.float64 and name in NO_FLOAT64)
+                    or q.shape[-1] > MAX_HEAD_DIM.get(name, q.shape[-1]))
+
+    if backend != "auto" and backend in IMPLEMENTED and not fits(backend):
+        raise TypeError(f"prefix_attention: backend={backend!r} takes float16, bfloat16 or "
+                        f"float32 inputs with D <= {MAX_HEAD_DIM.get(backend)}; got "
+                        f"{q.dtype}, D={q.shape[-1]} (use 'split' on CPU, 'flex' or "
+                        f"'reference')")
+    return tuple(name for name in IMPLEMENTED if fits(name))
+
+
 def prefix_attention(
     q: Tensor,
     k: Tensor,
@@ -53,10 +82,11 @@ def prefix_attention(
     ``q`` ``[B, H, L, D]``, ``k, v`` ``[B, H, Lk, D]``, ``prefix_k, prefix_v`` ``[1, H, P, D]``
     (``P`` may be 0) -> ``[B, H, L, D]``. ``scale`` defaults to ``D ** -0.5``. Differentiable
     in all five inputs (``flex`` on CPU: forward only); the prefix gradient is summed over rows.
-    Every backend but ``reference`` keeps a single copy of the prefix.
+    Every backend but ``reference`` keeps a single copy of the prefix. ``triton`` takes
+    fp16/bf16/fp32 with ``D <= 128`` (``auto`` passes over it otherwise).
     """
     _check_inputs(q, k, v, prefix_k, prefix_v)
-    chosen = resolve("prefix_attention", backend, q.device, IMPLEMENTED)
+    chosen = resolve("prefix_attention", backend, q.device, _candidates(q, backend))
     if chosen == "reference":
         return reference.prefix_attention(q, k, v, prefix_k, prefix_v, scale=scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)

@@ -1,0 +1,463 @@
+"""Fused Triton attention over one shared prefix KV plus each row's own keys: forward, backward.
+
+Shapes: ``q`` ``[B, H, L, D]``, ``k, v`` ``[B, H, Lk, D]`` (row ``b``'s own keys),
+``prefix_k, prefix_v`` ``[1, H, P, D]`` (one copy for all rows). Row ``b`` attends to
+``cat(prefix, k[b])`` without a mask; ``Lk`` or ``P`` may be 0.
+
+Forward: one program per (query tile, row, head) runs a single online-softmax pass over the
+prefix keys and then over the row's own keys. This is the Hydragen split (prefix partial plus
+own-keys partial, merged by log-sum-exp) with the merge folded into the running max and sum of
+the online softmax: no partial outputs are written, no merge pass runs, and an empty key set is
+a loop of zero iterations (weight 0, never NaN). The prefix is read straight from its single
+copy by every query tile, never replicated per row. It writes the output and the natural-log
+LSE ``[B, H, L]`` (fp32), which the backward needs.
+
+Backward (flash-attention 2, given the final output ``O`` and LSE, which are those of the
+merged attention, so each key set's gradient is its ordinary attention backward):
+
+1. ``dq`` kernel, per query tile: ``delta = rowsum(dO * O)`` (stored for step 2) and
+   ``dq = scale * sum_keys dS k`` over the prefix then the own keys, with
+   ``P = exp(scale q k^T - lse)`` and ``dS = P * (dO v^T - delta)``;
+2. ``dk, dv`` kernel, per key tile: ``dv = P^T dO`` and ``dk = scale dS^T q`` summed over the
+   queries that see the tile. Own keys: the row's ``L`` queries. Prefix keys: all ``B*L``
+   queries of the head, i.e. the rows folded into one sequence (Hydragen), which sums the
+   prefix gradient over rows without atomics.
+
+Numerics: softmax statistics and all accumulators in fp32, exponentials in base 2 with the
+scale folded into ``log2(e)``. The matmul operands are the input dtype on the GPU: fp16/bf16
+tensor cores, and TF32 ones for fp32 inputs (about 1e-3 relative, as torch's memory-efficient
+SDPA kernel; the 3-pass ``tf32x3`` spills registers at these tiles). Under the interpreter they
+are fp32, since its fp16/bf16 arithmetic is not exact. fp64 is not supported (the public op
+rejects it).
+Inputs may have any strides with a unit stride along ``D`` (others are copied); outputs and
+gradients are contiguous.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import wrap_triton
+
+from kernels._triton import AotConfig, new_output
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 128
+# Tiles under the interpreter: large, since every program instance and loop step costs time.
+INTERPRET_MAX_BLOCK_M = 64
+INTERPRET_MAX_BLOCK_N = 128
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One kernel's CUDA tile shape and warp count."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+
+
+# CUDA tiles per (kernel, BLOCK_D, fp32 inputs?); fixed so that ``python -m kernels.aot``
+# compiles exactly what runs (checked there for register spills on sm_90).
+GPU_TILES = {
+    ("fwd", 32, False): Tiles(128, 64, 4),
+    ("fwd", 64, False): Tiles(128, 64, 4),
+    ("fwd", 128, False): Tiles(128, 64, 8),
+    ("fwd", 32, True): Tiles(64, 64, 4),
+    ("fwd", 64, True): Tiles(64, 64, 4),
+    ("fwd", 128, True): Tiles(64, 32, 4),
+    ("dq", 32, False): Tiles(128, 64, 4),
+    ("dq", 64, False): Tiles(128, 64, 8),
+    ("dq", 128, False): Tiles(128, 32, 8),
+    ("dq", 32, True): Tiles(64, 64, 4),
+    ("dq", 64, True): Tiles(64, 32, 4),
+    ("dq", 128, True): Tiles(64, 32, 4),
+    ("dkdv", 32, False): Tiles(64, 64, 4),
+    ("dkdv", 64, False): Tiles(32, 64, 4),
+    ("dkdv", 128, False): Tiles(32, 64, 8),
+    ("dkdv", 32, True): Tiles(32, 64, 4),
+    ("dkdv", 64, True): Tiles(32, 64, 4),
+    ("dkdv", 128, True): Tiles(32, 32, 4),
+}
+GPU_HEAD_BLOCKS = (32, 64, 128)
+
+
+@triton.jit
+def _fwd_key_set(acc, m_i, l_i, q, k_base, v_base, stride_kl, stride_vl, n_keys, qk_scale,
+                 offs_d, d_mask, BLOCK_N: tl.constexpr, DOT: tl.constexpr,
+                 PREC: tl.constexpr):
+    """Online-softmax update of ``(acc [BM, BD], m_i, l_i [BM])`` over ``n_keys`` keys.
+
+    ``q`` ``[BM, BD]`` in ``DOT``; ``k_base, v_base`` point at key 0 of one head, keys
+    ``stride_kl`` / ``stride_vl`` apart. ``m_i`` is the running max of the base-2 scores.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    for start in range(0, n_keys, BLOCK_N):
+        cols = start + offs_n
+        col_mask = cols < n_keys
+        kv_mask = col_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + cols[:, None] * stride_kl + offs_d[None, :], mask=kv_mask,
+                    other=0.0).to(DOT)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        s = tl.where(col_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :], mask=kv_mask,
+                    other=0.0).to(DOT)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v, input_precision=PREC)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def prefix_attn_fwd_kernel(
+        q_ptr, k_ptr, v_ptr, pk_ptr, pv_ptr, o_ptr, lse_ptr,
+        stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
+        stride_vb, stride_vh, stride_vl, stride_pkh, stride_pkl, stride_pvh, stride_pvl,
+        n_heads, q_len, k_len, p_len, scale,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """Query tile ``program_id(0)`` of row ``b``, head ``h`` (``program_id(1) = b*H + h``).
+
+    Writes ``o`` ``[B, H, L, D]`` and ``lse`` ``[B, H, L]`` (fp32, natural log), contiguous.
+    """
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // n_heads).to(tl.int64)
+    h = (bh % n_heads).to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = rows < q_len
+    d_mask = offs_d < HEAD_DIM
+    q_mask = row_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + rows[:, None] * stride_ql
+                + offs_d[None, :], mask=q_mask, other=0.0).to(DOT)
+    qk_scale = scale * LOG2E  # base-2 exponentials
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    acc, m_i, l_i = _fwd_key_set(acc, m_i, l_i, q, pk_ptr + h * stride_pkh,
+                                 pv_ptr + h * stride_pvh, stride_pkl, stride_pvl, p_len,
+                                 qk_scale, offs_d, d_mask, BLOCK_N, DOT, PREC)
+    acc, m_i, l_i = _fwd_key_set(acc, m_i, l_i, q, k_ptr + b * stride_kb + h * stride_kh,
+                                 v_ptr + b * stride_vb + h * stride_vh, stride_kl, stride_vl,
+                                 k_len, qk_scale, offs_d, d_mask, BLOCK_N, DOT, PREC)
+    out = acc / l_i[:, None]
+    lse = (m_i + tl.log2(l_i)) * LN2
+    seq = bh.to(tl.int64) * q_len
+    tl.store(o_ptr + (seq + rows[:, None]) * HEAD_DIM + offs_d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(lse_ptr + seq + rows, lse, mask=row_mask)
+
+
+@triton.jit
+def _dq_key_set(dq, q, do, lse2, delta, k_base, v_base, stride_kl, stride_vl, n_keys,
+                qk_scale, row_mask, offs_d, d_mask, BLOCK_N: tl.constexpr, DOT: tl.constexpr,
+                PREC: tl.constexpr):
+    """``dq [BM, BD] += dS k`` (unscaled) over ``n_keys`` keys of one head.
+
+    ``lse2`` is the LSE in base 2; ``delta = rowsum(dO * O)``; keys as in :func:`_fwd_key_set`.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    for start in range(0, n_keys, BLOCK_N):
+        cols = start + offs_n
+        col_mask = cols < n_keys
+        kv_mask = col_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + cols[:, None] * stride_kl + offs_d[None, :], mask=kv_mask,
+                    other=0.0).to(DOT)
+        v = tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :], mask=kv_mask,
+                    other=0.0).to(DOT)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        p = tl.exp2(s - lse2[:, None])
+        p = tl.where(row_mask[:, None] & col_mask[None, :], p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(DOT), k, input_precision=PREC)
+    return dq
+
+
+@triton.jit
+def prefix_attn_bwd_dq_kernel(
+        q_ptr, k_ptr, v_ptr, pk_ptr, pv_ptr, o_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+        stride_qb, stride_qh, stride_ql, stride_kb, stride_kh, stride_kl,
+        stride_vb, stride_vh, stride_vl, stride_pkh, stride_pkl, stride_pvh, stride_pvl,
+        stride_dob, stride_doh, stride_dol, n_heads, q_len, k_len, p_len, scale,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """Query tile ``program_id(0)`` of ``program_id(1) = b*H + h``: writes ``delta`` and ``dq``.
+
+    ``o, dq`` ``[B, H, L, D]`` and ``lse, delta`` ``[B, H, L]`` (fp32) contiguous; the others
+    strided as in :func:`prefix_attn_fwd_kernel`.
+    """
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // n_heads).to(tl.int64)
+    h = (bh % n_heads).to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_mask = rows < q_len
+    d_mask = offs_d < HEAD_DIM
+    q_mask = row_mask[:, None] & d_mask[None, :]
+    seq = bh.to(tl.int64) * q_len
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + rows[:, None] * stride_ql
+                + offs_d[None, :], mask=q_mask, other=0.0)
+    do = tl.load(do_ptr + b * stride_dob + h * stride_doh + rows[:, None] * stride_dol
+                 + offs_d[None, :], mask=q_mask, other=0.0).to(tl.float32)
+    o = tl.load(o_ptr + (seq + rows[:, None]) * HEAD_DIM + offs_d[None, :], mask=q_mask,
+                other=0.0).to(tl.float32)
+    delta = tl.sum(do * o, axis=1)
+    tl.store(delta_ptr + seq + rows, delta, mask=row_mask)
+    lse2 = tl.load(lse_ptr + seq + rows, mask=row_mask, other=0.0) * LOG2E
+    qk_scale = scale * LOG2E
+    q = q.to(DOT)
+    do = do.to(DOT)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq = _dq_key_set(dq, q, do, lse2, delta, pk_ptr + h * stride_pkh, pv_ptr + h * stride_pvh,
+                     stride_pkl, stride_pvl, p_len, qk_scale, row_mask, offs_d, d_mask,
+                     BLOCK_N, DOT, PREC)
+    dq = _dq_key_set(dq, q, do, lse2, delta, k_ptr + b * stride_kb + h * stride_kh,
+                     v_ptr + b * stride_vb + h * stride_vh, stride_kl, stride_vl, k_len,
+                     qk_scale, row_mask, offs_d, d_mask, BLOCK_N, DOT, PREC)
+    tl.store(dq_ptr + (seq + rows[:, None]) * HEAD_DIM + offs_d[None, :],
+             (dq * scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def prefix_attn_bwd_dkdv_kernel(
+        q_ptr, do_ptr, lse_ptr, delta_ptr, k_ptr, v_ptr, dk_ptr, dv_ptr,
+        stride_qb, stride_qh, stride_ql, stride_dob, stride_doh, stride_dol,
+        stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
+        n_heads, q_len, n_keys, rows_per_set, scale,
+        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """``dk, dv`` of key tile ``program_id(0)`` of key set ``s``, head ``h``
+    (``program_id(1) = s*H + h``), summed over query rows ``s*rows_per_set ..`` (all their
+    ``L`` queries).
+
+    Own keys: ``k, v, dk, dv`` ``[B, H, Lk, D]``, ``rows_per_set = 1``. Prefix: ``[1, H, P, D]``,
+    ``rows_per_set = B`` (the rows folded into one query sequence). ``dk, dv`` contiguous;
+    ``lse, delta`` ``[B, H, L]`` fp32 contiguous.
+    """
+    pid_n = tl.program_id(0)
+    sh = tl.program_id(1)
+    kset = (sh // n_heads).to(tl.int64)
+    h = (sh % n_heads).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    col_mask = cols < n_keys
+    d_mask = offs_d < HEAD_DIM
+    kv_mask = col_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_ptr + kset * stride_kb + h * stride_kh + cols[:, None] * stride_kl
+                + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT)
+    v = tl.load(v_ptr + kset * stride_vb + h * stride_vh + cols[:, None] * stride_vl
+                + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT)
+    qk_scale = scale * LOG2E
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for r in range(rows_per_set):
+        b = kset * rows_per_set + r
+        q_base = q_ptr + b * stride_qb + h * stride_qh
+        do_base = do_ptr + b * stride_dob + h * stride_doh
+        seq = (b * n_heads + h) * q_len
+        for start in range(0, q_len, BLOCK_M):
+            rows = start + offs_m
+            row_mask = rows < q_len
+            q_mask = row_mask[:, None] & d_mask[None, :]
+            q = tl.load(q_base + rows[:, None] * stride_ql + offs_d[None, :], mask=q_mask,
+                        other=0.0).to(DOT)
+            do = tl.load(do_base + rows[:, None] * stride_dol + offs_d[None, :], mask=q_mask,
+                         other=0.0).to(DOT)
+            lse2 = tl.load(lse_ptr + seq + rows, mask=row_mask, other=0.0) * LOG2E
+            delta = tl.load(delta_ptr + seq + rows, mask=row_mask, other=0.0)
+            # Transposed scores [BN, BM]: keys along the rows, as dk and dv are laid out.
+            s_t = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+            p_t = tl.exp2(s_t - lse2[None, :])
+            p_t = tl.where(col_mask[:, None] & row_mask[None, :], p_t, 0.0)
+            dv += tl.dot(p_t.to(DOT), do, input_precision=PREC)
+            dp_t = tl.dot(v, tl.trans(do), input_precision=PREC)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk += tl.dot(ds_t.to(DOT), q, input_precision=PREC)
+    out = (sh.to(tl.int64) * n_keys + cols[:, None]) * HEAD_DIM + offs_d[None, :]
+    tl.store(dk_ptr + out, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+
+
+# Launchers ---------------------------------------------------------------------------------
+
+def head_block(d: int) -> int:
+    """``BLOCK_D``: the head dim padded to a power of two, at least 16 (``tl.dot``'s minimum)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def _dot_type(dtype: torch.dtype, device: torch.device) -> tuple[tl.dtype, str]:
+    """Matmul operand dtype and fp32 input precision (see the module docstring)."""
+    if device.type != "cuda":
+        return tl.float32, "ieee"
+    return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}.get(dtype, tl.float32), "tf32"
+
+
+def _tiles(kind: str, dtype: torch.dtype, d: int, q_len: int, n_keys: int,
+           device: torch.device) -> Tiles:
+    if device.type == "cuda":
+        return GPU_TILES[kind, max(32, head_block(d)), dtype == torch.float32]
+    block_m = min(INTERPRET_MAX_BLOCK_M, max(16, triton.next_power_of_2(q_len)))
+    block_n = min(INTERPRET_MAX_BLOCK_N, max(16, triton.next_power_of_2(n_keys)))
+    return Tiles(block_m, block_n, 4)
+
+
+def _unit_last(t: Tensor) -> Tensor:
+    """``t`` itself when its last dim is unit-strided (or of size 1), else a contiguous copy."""
+    return t if t.shape[-1] == 1 or t.stride(-1) == 1 else t.contiguous()
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor) -> None:
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"triton prefix_attention supports float16, bfloat16 and float32, got "
+                        f"{q.dtype}")
+    if q.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"triton prefix_attention supports head dims up to {MAX_HEAD_DIM}, "
+                         f"got {q.shape[-1]}")
+    b, h, _, d = q.shape
+    if k.shape[:2] != (b, h) or prefix_k.shape[:2] != (1, h) or v.shape != k.shape \
+            or prefix_v.shape != prefix_k.shape or k.shape[3] != d or prefix_k.shape[3] != d:
+        raise ValueError(f"prefix_attention: expected q [B, H, L, D], k/v [B, H, Lk, D], "
+                         f"prefix_k/v [1, H, P, D]; got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}, {tuple(prefix_k.shape)}, {tuple(prefix_v.shape)}")
+
+
+def _key_sets(k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Unit-strided key sets; an empty one is replaced by the other (it is never read), so no
+    kernel argument is a null pointer."""
+    k, v, pk, pv = (_unit_last(t) for t in (k, v, prefix_k, prefix_v))
+    if pk.shape[2] == 0:
+        pk, pv = k, v
+    if k.shape[2] == 0:
+        k, v = pk, pv
+    return k, v, pk, pv
+
+
+def _strides3(t: Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def prefix_attention_fwd(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
+                         scale: float) -> tuple[Tensor, Tensor]:
+    """``(out [B, H, L, D] in q's dtype, lse [B, H, L] fp32)`` of attention over the prefix and
+    the row's own keys (module docstring). ``L_k + P`` must be positive."""
+    _check(q, k, v, prefix_k, prefix_v)
+    b, h, lq, d = q.shape
+    lk, p = k.shape[2], prefix_k.shape[2]
+    q = _unit_last(q)
+    k_, v_, pk, pv = _key_sets(k, v, prefix_k, prefix_v)
+    out = new_output((b, h, lq, d), q.dtype, q.device)
+    lse = new_output((b, h, lq), torch.float32, q.device)
+    tiles = _tiles("fwd", q.dtype, d, lq, max(lk, p), q.device)
+    dot, prec = _dot_type(q.dtype, q.device)
+    grid = (triton.cdiv(lq, tiles.block_m), b * h)
+    if lq > 0 and b > 0:
+        wrap_triton(prefix_attn_fwd_kernel)[grid](
+            q, k_, v_, pk, pv, out, lse, *_strides3(q), *_strides3(k_), *_strides3(v_),
+            pk.stride(1), pk.stride(2), pv.stride(1), pv.stride(2), h, lq, lk, p, scale,
+            HEAD_DIM=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=head_block(d),
+            DOT=dot, PREC=prec, num_warps=tiles.num_warps)
+    return out, lse
+
+
+def prefix_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
+                         prefix_v: Tensor, out: Tensor, lse: Tensor, scale: float
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Gradients ``(dq, dk, dv, dprefix_k, dprefix_v)`` (contiguous, in the inputs' dtype) from
+    ``grad_out`` ``[B, H, L, D]`` and the forward's ``out`` and ``lse``; the prefix gradients
+    are summed over rows."""
+    _check(q, k, v, prefix_k, prefix_v)
+    b, h, lq, d = q.shape
+    lk, p = k.shape[2], prefix_k.shape[2]
+    q, do = _unit_last(q), _unit_last(grad_out)
+    out, lse = out.contiguous(), lse.contiguous()
+    k_, v_, pk, pv = _key_sets(k, v, prefix_k, prefix_v)
+    dot, prec = _dot_type(q.dtype, q.device)
+    meta = {"HEAD_DIM": d, "BLOCK_D": head_block(d), "DOT": dot, "PREC": prec}
+    dq = new_output((b, h, lq, d), q.dtype, q.device)
+    delta = new_output((b, h, lq), torch.float32, q.device)
+    if lq > 0 and b > 0:
+        tiles = _tiles("dq", q.dtype, d, lq, max(lk, p), q.device)
+        wrap_triton(prefix_attn_bwd_dq_kernel)[(triton.cdiv(lq, tiles.block_m), b * h)](
+            q, k_, v_, pk, pv, out, do, lse, delta, dq, *_strides3(q), *_strides3(k_),
+            *_strides3(v_), pk.stride(1), pk.stride(2), pv.stride(1), pv.stride(2),
+            *_strides3(do), h, lq, lk, p, scale, BLOCK_M=tiles.block_m,
+            BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, **meta)
+    grads = []
+    # Own keys: key set b is seen by row b. Prefix: its one key set is seen by all B rows.
+    for keys, values, n, sets, rows_per_set in ((k_, v_, lk, b, 1), (pk, pv, p, 1, b)):
+        dk = new_output((sets, h, n, d), q.dtype, q.device)
+        dv = new_output((sets, h, n, d), q.dtype, q.device)
+        if n > 0 and sets > 0:
+            tiles = _tiles("dkdv", q.dtype, d, lq, n, q.device)
+            wrap_triton(prefix_attn_bwd_dkdv_kernel)[(triton.cdiv(n, tiles.block_n), sets * h)](
+                q, do, lse, delta, keys, values, dk, dv, *_strides3(q), *_strides3(do),
+                *_strides3(keys), *_strides3(values), h, lq, n, rows_per_set, scale,
+                BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
+                **meta)
+        grads += [dk, dv]
+    return dq, grads[0], grads[1], grads[2], grads[3]
+
+
+# AOT ---------------------------------------------------------------------------------------
+
+_TL_DTYPES = {"fp16": tl.float16, "bf16": tl.bfloat16, "fp32": tl.float32}
+
+
+def _aot_signature(names: list[str], pointers: dict[str, str], ints: tuple[str, ...]
+                   ) -> dict[str, str]:
+    sig = {}
+    for name in names:
+        if name in pointers:
+            sig[name] = pointers[name]
+        elif name == "scale":
+            sig[name] = "fp32"
+        elif name in ints:
+            sig[name] = "i32"
+        else:
+            sig[name] = "constexpr"
+    return sig
+
+
+def aot_configs() -> list[AotConfig]:
+    """Every CUDA launch of the forward and backward, per input dtype and ``BLOCK_D`` in
+    ``GPU_HEAD_BLOCKS`` (at ``D = BLOCK_D``); ``dk, dv`` also with ``rows_per_set = 1`` (own
+    keys), which Triton compiles as a constant at run time. Pointers and strides are marked
+    16-aligned, as they are for the usual head dims."""
+    configs = []
+    for dtype, tl_dtype in _TL_DTYPES.items():
+        fp32 = dtype == "fp32"
+        for block_d in GPU_HEAD_BLOCKS:
+            for kind, kernel in (("fwd", prefix_attn_fwd_kernel),
+                                 ("dq", prefix_attn_bwd_dq_kernel),
+                                 ("dkdv", prefix_attn_bwd_dkdv_kernel)):
+                names = list(kernel.arg_names)
+                ptrs = {n: f"*{dtype}" for n in names if n.endswith("_ptr")}
+                ptrs.update({n: "*fp32" for n in ("lse_ptr", "delta_ptr") if n in ptrs})
+                sizes = ("n_heads", "q_len", "k_len", "p_len", "n_keys", "rows_per_set")
+                ints = tuple(n for n in names if n.startswith("stride_")) + sizes
+                tiles = GPU_TILES[kind, block_d, fp32]
+                consts = {"HEAD_DIM": block_d, "BLOCK_M": tiles.block_m,
+                          "BLOCK_N": tiles.block_n, "BLOCK_D": block_d,
+                          "DOT": tl_dtype, "PREC": "tf32"}
+                aligned = (*ptrs, *(n for n in ints if n.startswith("stride_")))
+                config = AotConfig(kernel, dtype, f"D={block_d}",
+                                   _aot_signature(names, ptrs, ints), consts, tiles.num_warps,
+                                   aligned)
+                configs.append(config)
+                if kind == "dkdv":
+                    configs.append(config.with_unit("rows_per_set"))
+    return configs

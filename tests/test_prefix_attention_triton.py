@@ -1,0 +1,236 @@
+"""``prefix_attention(backend="triton")`` against the reference: forward and all five gradients.
+
+On CPU the kernels run under ``TRITON_INTERPRET=1`` (set by conftest), so sizes are small and
+odd: tails in every tiled dimension (the interpreter tiles are 16..64 queries by 16..128 keys),
+more than one query tile and key tile, head dims padded to a power of two, ``P = 0`` and
+``L_k = 0``. Output buffers are NaN-poisoned before the kernels run, so an element a kernel
+forgets to write fails the comparison. bf16 and the larger sizes run on a GPU only.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels
+from kernels import _triton, reference
+from kernels._triton import prefix_attention as tri
+from kernels.prefix_attention import IMPLEMENTED, _candidates
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = pytest.mark.gpu
+CASES = [  # (B, H, P, L, Lk, D)
+    (1, 1, 1, 1, 1, 1),
+    (3, 2, 0, 5, 5, 8),  # no prefix
+    (2, 3, 7, 3, 0, 17),  # no own keys
+    (4, 2, 37, 9, 11, 17),
+    (1, 2, 130, 16, 16, 32),  # two prefix key tiles
+    (5, 1, 3, 70, 11, 8),  # two query tiles
+    (2, 1, 5, 3, 140, 32),  # two own-key tiles
+]
+TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
+NAMES = ("q", "k", "v", "prefix_k", "prefix_v")
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs():
+    _triton.set_poison_outputs(True)
+    yield
+    _triton.set_poison_outputs(False)
+
+
+def _inputs(case, dtype, device="cpu", seed=0):
+    b, h, p, lq, lk, d = case
+    g = torch.Generator().manual_seed(seed + sum(case))
+
+    def make(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    tensors = (make(b, h, lq, d), make(b, h, lk, d), make(b, h, lk, d), make(1, h, p, d),
+               make(1, h, p, d))
+    return [t.requires_grad_(True) for t in tensors]
+
+
+def _check_against_reference(ins, dtype, scale=None, grad_scale=4.0):
+    out = kernels.prefix_attention(*ins, scale=scale, backend="triton")
+    want = reference.prefix_attention(*ins, scale=scale)
+    rtol, atol = TOL[dtype]
+    assert out.dtype == dtype and out.shape == want.shape
+    torch.testing.assert_close(out, want, rtol=rtol, atol=atol)
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, ins, grad_out)
+    want_grads = torch.autograd.grad(want, ins, grad_out)
+    for name, got, exp in zip(NAMES, grads, want_grads, strict=True):
+        assert got.shape == exp.shape and got.dtype == exp.dtype, name
+        torch.testing.assert_close(got, exp, rtol=rtol * grad_scale, atol=atol * grad_scale,
+                                   msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_matches_reference(case, dtype):
+    _check_against_reference(_inputs(case, dtype), dtype)
+
+
+def test_custom_scale():
+    _check_against_reference(_inputs((2, 2, 5, 3, 4, 8), torch.float32), torch.float32,
+                             scale=0.7)
+
+
+def test_strided_inputs():
+    """q, k, v as slices of one ``[B, L, 3, H, D]`` projection (no copy), the prefix a view
+    with a head stride that is not ``P * D``."""
+    b, h, lq, d, p = 3, 2, 6, 16, 9
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(b, lq, 3, h, d, generator=g).permute(2, 0, 3, 1, 4)
+    q, k, v = (t.requires_grad_(True) for t in qkv.unbind(0))
+    cache = torch.randn(2, 1, h, p + 4, d, generator=g)[..., 2:2 + p, :]
+    pk, pv = cache[0].requires_grad_(True), cache[1].requires_grad_(True)
+    assert not q.is_contiguous() and not pk.is_contiguous()
+    _check_against_reference([q, k, v, pk, pv], torch.float32)
+
+
+@pytest.mark.parametrize("case", [(2, 2, 0, 3, 5, 8), (2, 2, 6, 3, 0, 8), (2, 2, 6, 3, 5, 8)],
+                         ids=["no-prefix", "no-own-keys", "both"])
+def test_lse_is_the_natural_log_sum_exp(case):
+    """The forward's second output: ``log sum exp(scale q k^T)`` over prefix and own keys."""
+    q, k, v, pk, pv = (t.detach() for t in _inputs(case, torch.float32))
+    scale = 0.3
+    out, lse = tri.prefix_attention_fwd(q, k, v, pk, pv, scale)
+    keys = torch.cat([pk.expand(q.shape[0], -1, -1, -1), k], dim=2)
+    scores = torch.einsum("bhld,bhmd->bhlm", q, keys) * scale
+    assert lse.dtype == torch.float32
+    torch.testing.assert_close(lse, scores.logsumexp(dim=-1), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out, reference.prefix_attention(q, k, v, pk, pv, scale=scale))
+
+
+def test_empty_query_rows_give_zero_key_gradients():
+    """``L = 0``: no query sees any key, so dk, dv, dprefix_k, dprefix_v are zeros (written by
+    the kernels, so poisoning would show a miss)."""
+    ins = _inputs((2, 1, 4, 0, 3, 8), torch.float32)
+    out = kernels.prefix_attention(*ins, backend="triton")
+    assert out.shape == (2, 1, 0, 8)
+    grads = torch.autograd.grad(out, ins, torch.ones_like(out))
+    for name, grad in zip(NAMES, grads, strict=True):
+        assert not grad.any(), name
+
+
+def test_lse_output_gets_no_gradient_and_out_is_contiguous():
+    from kernels import _ops
+
+    ins = _inputs((2, 2, 3, 4, 5, 8), torch.float32)
+    out, lse = _ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION](*ins, 0.5)
+    assert out.is_contiguous() and not lse.requires_grad and out.requires_grad
+
+
+def test_registered_op_passes_opcheck():
+    """Schema, fake kernel and autograd registration of the torch.library op."""
+    from kernels import _ops
+
+    ins = _inputs((2, 2, 3, 4, 5, 8), torch.float32)
+    torch.library.opcheck(_ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION], (*ins, 0.5),
+                          test_utils=("test_schema", "test_autograd_registration",
+                                      "test_faketensor"))
+
+
+def test_rejects_float64_and_large_head_dims():
+    ins = [t.detach() for t in _inputs((1, 1, 2, 2, 2, 8), torch.float64)]
+    with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
+        kernels.prefix_attention(*ins, backend="triton")
+    wide = [t.detach() for t in _inputs((1, 1, 2, 2, 2, 160), torch.float32)]
+    with pytest.raises(TypeError, match="D <= 128"):
+        kernels.prefix_attention(*wide, backend="triton")
+    with pytest.raises(TypeError, match="float16, bfloat16 and float32"):
+        tri.prefix_attention_fwd(*ins, 1.0)
+
+
+def test_auto_passes_over_triton_for_float64_and_large_head_dims():
+    assert "triton" in _candidates(torch.empty(1, 1, 1, 8), "auto")
+    assert "triton" not in _candidates(torch.empty(1, 1, 1, 8, dtype=torch.float64), "auto")
+    assert "triton" not in _candidates(torch.empty(1, 1, 1, 160), "auto")
+    assert "triton" in IMPLEMENTED
+
+
+def test_aot_covers_every_kernel_dtype_and_head_block():
+    seen = {(c.kernel.__name__, c.dtype, c.constexprs["BLOCK_D"]) for c in tri.aot_configs()}
+    kernel_names = ("prefix_attn_fwd_kernel", "prefix_attn_bwd_dq_kernel",
+                    "prefix_attn_bwd_dkdv_kernel")
+    assert seen == {(k, dt, bd) for k in kernel_names for dt in ("fp16", "bf16", "fp32")
+                    for bd in tri.GPU_HEAD_BLOCKS}
+
+
+# GPU ---------------------------------------------------------------------------------------
+
+GPU_CASES = [  # (B, H, P, L, Lk, D): real tiles with tails, padded head dims
+    (4, 3, 300, 200, 190, 32),
+    (3, 2, 129, 257, 0, 64),
+    (2, 2, 0, 130, 77, 128),
+    (16, 2, 1856, 256, 256, 80),
+    (1, 1, 1, 1, 1, 1),
+]
+
+
+@GPU
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", GPU_CASES, ids=str)
+def test_cuda_matches_reference(case, dtype):
+    """fp32 runs its matmuls in TF32 on the GPU, hence the looser fp32 tolerance there."""
+    ins = _inputs(case, dtype, device="cuda")
+    tol = {torch.float32: 1e-2, torch.float16: 1e-2, torch.bfloat16: 3e-2}[dtype]
+    out = kernels.prefix_attention(*ins, backend="triton")
+    want = reference.prefix_attention(*ins)
+    torch.testing.assert_close(out, want, rtol=tol, atol=tol)
+    grad_out = torch.randn_like(out)
+    for name, got, exp in zip(NAMES, torch.autograd.grad(out, ins, grad_out),
+                              torch.autograd.grad(want, ins, grad_out), strict=True):
+        scale = exp.abs().amax().clamp_min(1.0).item()
+        torch.testing.assert_close(got, exp, rtol=4 * tol, atol=4 * tol * scale, msg=name)
+
+
+@GPU
+def test_cuda_auto_uses_triton_and_compiles():
+    from kernels._backend import resolve
+
+    assert resolve("prefix_attention", "auto", torch.device("cuda"), IMPLEMENTED) == "triton"
+    ins = _inputs((4, 2, 100, 64, 64, 64), torch.bfloat16, device="cuda")
+    compiled = torch.compile(lambda *a: kernels.prefix_attention(*a, backend="triton"),
+                             fullgraph=True)
+    out = compiled(*ins)
+    torch.testing.assert_close(out, reference.prefix_attention(*ins), rtol=3e-2, atol=3e-2)
+    out.sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in ins)
+
+
+_TRACE_SCRIPT = """
+import torch
+from torch._subclasses.functional_tensor import dispatch_functionalize
+from torch.fx.experimental.proxy_tensor import make_fx
+from kernels import _ops
+
+def kernels_in(op, args):
+    gm = make_fx(dispatch_functionalize(op), tracing_mode="fake")(*args)
+    return gm.code.count("triton_kernel_wrapper_functional(")
+
+q, k, v = (torch.randn(2, 3, 5, 16) for _ in range(3))
+pk, pv = torch.randn(1, 3, 7, 16), torch.randn(1, 3, 7, 16)
+fwd = _ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION]
+bwd = _ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION_BWD]
+out, lse = torch.randn_like(q), torch.randn(2, 3, 5)
+print("fwd", kernels_in(lambda *a: fwd(*a, 0.25), (q, k, v, pk, pv)))
+print("bwd", kernels_in(lambda *a: bwd(*a, 0.25), (torch.randn_like(q), q, k, v, pk, pv, out, lse)))
+"""
+
+
+def test_triton_op_traces_without_interpreter():
+    """Without TRITON_INTERPRET the ops are triton_ops whose kernels functionalization exposes
+    (what Inductor compiles on a GPU): one forward kernel; dq, then dk/dv of each key set."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_TRACE_SCRIPT)], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert dict(line.split() for line in proc.stdout.splitlines()) == {"fwd": "1", "bwd": "3"}
