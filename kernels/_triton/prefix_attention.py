@@ -35,7 +35,7 @@ gradients are contiguous.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -43,7 +43,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
-from kernels._triton import AotConfig, new_output
+from kernels._triton import PROGRAMS_PER_SM, AotConfig, _sm_count, new_output
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
@@ -52,6 +52,7 @@ MAX_HEAD_DIM = 128
 # Tiles under the interpreter: large, since every program instance and loop step costs time.
 INTERPRET_MAX_BLOCK_M = 64
 INTERPRET_MAX_BLOCK_N = 128
+INTERPRET_ROW_GROUPS = 2
 
 
 @dataclass(frozen=True)
@@ -235,36 +236,38 @@ def prefix_attn_bwd_dkdv_kernel(
         q_ptr, do_ptr, lse_ptr, delta_ptr, k_ptr, v_ptr, dk_ptr, dv_ptr,
         stride_qb, stride_qh, stride_ql, stride_dob, stride_doh, stride_dol,
         stride_kb, stride_kh, stride_kl, stride_vb, stride_vh, stride_vl,
-        n_heads, q_len, n_keys, rows_per_set, scale,
+        n_heads, q_len, n_keys, n_rows, rows_per_group, scale,
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
-    """``dk, dv`` of key tile ``program_id(0)`` of key set ``s``, head ``h``
-    (``program_id(1) = s*H + h``), summed over query rows ``s*rows_per_set ..`` (all their
-    ``L`` queries).
+    """``dk, dv`` of key tile ``program_id(0)`` for row group ``g``, head ``h``
+    (``program_id(1) = g*H + h``): summed over the ``L`` queries of rows
+    ``g*rows_per_group .. min((g+1)*rows_per_group, n_rows) - 1``, into ``dk[g, h], dv[g, h]``.
 
-    Own keys: ``k, v, dk, dv`` ``[B, H, Lk, D]``, ``rows_per_set = 1``. Prefix: ``[1, H, P, D]``,
-    ``rows_per_set = B`` (the rows folded into one query sequence). ``dk, dv`` contiguous;
-    ``lse, delta`` ``[B, H, L]`` fp32 contiguous.
+    Own keys: ``k, v, dk, dv`` ``[B, H, Lk, D]``, one row per group. Prefix: ``k, v``
+    ``[1, H, P, D]`` with ``stride_kb = stride_vb = 0`` (every group reads the one copy) and
+    ``dk, dv`` ``[G, H, P, D]``: the rows folded into one query sequence, cut into ``G`` groups
+    whose partial sums the launcher adds up. ``dk, dv`` contiguous; ``lse, delta`` ``[B, H, L]``
+    fp32 contiguous.
     """
     pid_n = tl.program_id(0)
-    sh = tl.program_id(1)
-    kset = (sh // n_heads).to(tl.int64)
-    h = (sh % n_heads).to(tl.int64)
+    gh = tl.program_id(1)
+    group = (gh // n_heads).to(tl.int64)
+    h = (gh % n_heads).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     col_mask = cols < n_keys
     d_mask = offs_d < HEAD_DIM
     kv_mask = col_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_ptr + kset * stride_kb + h * stride_kh + cols[:, None] * stride_kl
+    k = tl.load(k_ptr + group * stride_kb + h * stride_kh + cols[:, None] * stride_kl
                 + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT)
-    v = tl.load(v_ptr + kset * stride_vb + h * stride_vh + cols[:, None] * stride_vl
+    v = tl.load(v_ptr + group * stride_vb + h * stride_vh + cols[:, None] * stride_vl
                 + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT)
     qk_scale = scale * LOG2E
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    for r in range(rows_per_set):
-        b = kset * rows_per_set + r
+    first = group * rows_per_group
+    for b in range(first, tl.minimum(first + rows_per_group, n_rows)):
         q_base = q_ptr + b * stride_qb + h * stride_qh
         do_base = do_ptr + b * stride_dob + h * stride_doh
         seq = (b * n_heads + h) * q_len
@@ -286,7 +289,7 @@ def prefix_attn_bwd_dkdv_kernel(
             dp_t = tl.dot(v, tl.trans(do), input_precision=PREC)
             ds_t = p_t * (dp_t - delta[None, :])
             dk += tl.dot(ds_t.to(DOT), q, input_precision=PREC)
-    out = (sh.to(tl.int64) * n_keys + cols[:, None]) * HEAD_DIM + offs_d[None, :]
+    out = (gh.to(tl.int64) * n_keys + cols[:, None]) * HEAD_DIM + offs_d[None, :]
     tl.store(dk_ptr + out, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
     tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
 
@@ -396,20 +399,50 @@ def prefix_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, pref
             *_strides3(v_), pk.stride(1), pk.stride(2), pv.stride(1), pv.stride(2),
             *_strides3(do), h, lq, lk, p, scale, BLOCK_M=tiles.block_m,
             BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, **meta)
-    grads = []
-    # Own keys: key set b is seen by row b. Prefix: its one key set is seen by all B rows.
-    for keys, values, n, sets, rows_per_set in ((k_, v_, lk, b, 1), (pk, pv, p, 1, b)):
-        dk = new_output((sets, h, n, d), q.dtype, q.device)
-        dv = new_output((sets, h, n, d), q.dtype, q.device)
-        if n > 0 and sets > 0:
-            tiles = _tiles("dkdv", q.dtype, d, lq, n, q.device)
-            wrap_triton(prefix_attn_bwd_dkdv_kernel)[(triton.cdiv(n, tiles.block_n), sets * h)](
-                q, do, lse, delta, keys, values, dk, dv, *_strides3(q), *_strides3(do),
-                *_strides3(keys), *_strides3(values), h, lq, n, rows_per_set, scale,
-                BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
-                **meta)
-        grads += [dk, dv]
-    return dq, grads[0], grads[1], grads[2], grads[3]
+    # Own keys: row b's key set gets the gradient of row b's queries alone.
+    dk, dv = _dkdv(q, do, lse, delta, k_, v_, lk, b, 1, False, scale, meta)
+    # Prefix: the folded rows are cut into groups whose fp32 partial sums are added here.
+    groups = _prefix_row_groups(b, p, h, q.dtype, d, q.device)
+    dpk, dpv = _dkdv(q, do, lse, delta, pk, pv, p, groups, triton.cdiv(b, groups), True, scale,
+                     meta)
+    if groups > 1:
+        dpk, dpv = (t.sum(dim=0, keepdim=True).to(q.dtype) for t in (dpk, dpv))
+    return dq, dk, dv, dpk, dpv
+
+
+def _prefix_row_groups(b: int, p: int, h: int, dtype: torch.dtype, d: int,
+                       device: torch.device) -> int:
+    """Row groups of the prefix ``dk, dv`` kernel: on CUDA enough programs for
+    ``PROGRAMS_PER_SM`` per SM (each group re-reads the prefix tile and adds a partial sum),
+    two under the interpreter so that the tests cover the partial sums. No group is empty."""
+    if device.type == "cuda":
+        tiles = triton.cdiv(p, _tiles("dkdv", dtype, d, 1, p, device).block_n) * h
+        groups = triton.cdiv(PROGRAMS_PER_SM * _sm_count(device.index or 0), max(tiles, 1))
+    else:
+        groups = INTERPRET_ROW_GROUPS
+    groups = max(1, min(b, groups))
+    return triton.cdiv(b, triton.cdiv(b, groups))
+
+
+def _dkdv(q: Tensor, do: Tensor, lse: Tensor, delta: Tensor, keys: Tensor, values: Tensor,
+          n: int, groups: int, rows_per_group: int, shared: bool, scale: float, meta: dict
+          ) -> tuple[Tensor, Tensor]:
+    """``dk, dv`` ``[groups, H, n, D]`` of ``n`` keys: row ``g``'s own keys ``[B, H, n, D]``
+    (one row per group), or the ``shared`` prefix ``[1, H, n, D]`` read by every group. In
+    ``q``'s dtype when each group's sum is a whole gradient, else fp32 partial sums."""
+    b, h, lq, d = q.shape
+    out_dtype = torch.float32 if shared and groups > 1 else q.dtype
+    dk = new_output((groups, h, n, d), out_dtype, q.device)
+    dv = new_output((groups, h, n, d), out_dtype, q.device)
+    if n > 0 and groups > 0:
+        tiles = _tiles("dkdv", q.dtype, d, lq, n, q.device)
+        stride_kb, stride_vb = (0, 0) if shared else (keys.stride(0), values.stride(0))
+        wrap_triton(prefix_attn_bwd_dkdv_kernel)[(triton.cdiv(n, tiles.block_n), groups * h)](
+            q, do, lse, delta, keys, values, dk, dv, *_strides3(q), *_strides3(do),
+            stride_kb, keys.stride(1), keys.stride(2), stride_vb, values.stride(1),
+            values.stride(2), h, lq, n, b, rows_per_group, scale, BLOCK_M=tiles.block_m,
+            BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, **meta)
+    return dk, dv
 
 
 # AOT ---------------------------------------------------------------------------------------
@@ -434,9 +467,10 @@ def _aot_signature(names: list[str], pointers: dict[str, str], ints: tuple[str, 
 
 def aot_configs() -> list[AotConfig]:
     """Every CUDA launch of the forward and backward, per input dtype and ``BLOCK_D`` in
-    ``GPU_HEAD_BLOCKS`` (at ``D = BLOCK_D``); ``dk, dv`` also with ``rows_per_set = 1`` (own
-    keys), which Triton compiles as a constant at run time. Pointers and strides are marked
-    16-aligned, as they are for the usual head dims."""
+    ``GPU_HEAD_BLOCKS`` (at ``D = BLOCK_D``). ``dk, dv`` three ways: the prefix in one row group
+    (gradients in the input dtype), the own keys (``rows_per_group = 1``, which Triton compiles
+    as a constant at run time) and the prefix in several groups (fp32 partial sums). Pointers
+    and strides are marked 16-aligned, as they are for the usual head dims."""
     configs = []
     for dtype, tl_dtype in _TL_DTYPES.items():
         fp32 = dtype == "fp32"
@@ -447,7 +481,8 @@ def aot_configs() -> list[AotConfig]:
                 names = list(kernel.arg_names)
                 ptrs = {n: f"*{dtype}" for n in names if n.endswith("_ptr")}
                 ptrs.update({n: "*fp32" for n in ("lse_ptr", "delta_ptr") if n in ptrs})
-                sizes = ("n_heads", "q_len", "k_len", "p_len", "n_keys", "rows_per_set")
+                sizes = ("n_heads", "q_len", "k_len", "p_len", "n_keys", "n_rows",
+                         "rows_per_group")
                 ints = tuple(n for n in names if n.startswith("stride_")) + sizes
                 tiles = GPU_TILES[kind, block_d, fp32]
                 consts = {"HEAD_DIM": block_d, "BLOCK_M": tiles.block_m,
@@ -459,5 +494,9 @@ def aot_configs() -> list[AotConfig]:
                                    aligned)
                 configs.append(config)
                 if kind == "dkdv":
-                    configs.append(config.with_unit("rows_per_set"))
+                    configs.append(config.with_unit("rows_per_group"))
+                if kind == "dkdv" and not fp32:  # fp32 inputs: the partials are the same
+                    partial = {**config.signature, "dk_ptr": "*fp32", "dv_ptr": "*fp32"}
+                    configs.append(replace(config, variant=f"D={block_d}, fp32 partials",
+                                           signature=partial))
     return configs
