@@ -108,12 +108,13 @@ def test_lse_is_the_natural_log_sum_exp(case):
     torch.testing.assert_close(out, reference.prefix_attention(q, k, v, pk, pv, scale=scale))
 
 
-def test_empty_query_rows_give_zero_key_gradients():
-    """``L = 0``: no query sees any key, so dk, dv, dprefix_k, dprefix_v are zeros (written by
-    the kernels, so poisoning would show a miss)."""
-    ins = _inputs((2, 1, 4, 0, 3, 8), torch.float32)
+@pytest.mark.parametrize("case", [(2, 1, 4, 0, 3, 8), (0, 1, 4, 2, 3, 8)], ids=["L=0", "B=0"])
+def test_no_queries_give_zero_key_gradients(case):
+    """No query sees any key, so dk, dv, dprefix_k, dprefix_v are zeros (written by the
+    kernels, so poisoning would show a miss)."""
+    ins = _inputs(case, torch.float32)
     out = kernels.prefix_attention(*ins, backend="triton")
-    assert out.shape == (2, 1, 0, 8)
+    assert out.shape == ins[0].shape
     grads = torch.autograd.grad(out, ins, torch.ones_like(out))
     for name, grad in zip(NAMES, grads, strict=True):
         assert not grad.any(), name

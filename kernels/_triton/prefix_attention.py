@@ -21,16 +21,17 @@ merged attention, so each key set's gradient is its ordinary attention backward)
 2. ``dk, dv`` kernel, per key tile: ``dv = P^T dO`` and ``dk = scale dS^T q`` summed over the
    queries that see the tile. Own keys: the row's ``L`` queries. Prefix keys: all ``B*L``
    queries of the head, i.e. the rows folded into one sequence (Hydragen), which sums the
-   prefix gradient over rows without atomics.
+   prefix gradient over rows without atomics. On a GPU the folded rows are cut into a few
+   groups, one program per (key tile, group, head), so that a small ``P * H`` still fills the
+   SMs; the groups' fp32 partial sums are then added (deterministically) by one ``sum``.
 
 Numerics: softmax statistics and all accumulators in fp32, exponentials in base 2 with the
 scale folded into ``log2(e)``. The matmul operands are the input dtype on the GPU: fp16/bf16
 tensor cores, and TF32 ones for fp32 inputs (about 1e-3 relative, as torch's memory-efficient
 SDPA kernel; the 3-pass ``tf32x3`` spills registers at these tiles). Under the interpreter they
 are fp32, since its fp16/bf16 arithmetic is not exact. fp64 is not supported (the public op
-rejects it).
-Inputs may have any strides with a unit stride along ``D`` (others are copied); outputs and
-gradients are contiguous.
+rejects it). Inputs may have any strides with a unit stride along ``D`` (others are copied);
+outputs and gradients are contiguous.
 """
 
 from __future__ import annotations
@@ -310,6 +311,8 @@ def _dot_type(dtype: torch.dtype, device: torch.device) -> tuple[tl.dtype, str]:
 
 def _tiles(kind: str, dtype: torch.dtype, d: int, q_len: int, n_keys: int,
            device: torch.device) -> Tiles:
+    """Tiles of kernel ``kind`` (``fwd``, ``dq``, ``dkdv``): the fixed CUDA table, or under the
+    interpreter the largest that ``q_len`` queries and ``n_keys`` keys need."""
     if device.type == "cuda":
         return GPU_TILES[kind, max(32, head_block(d)), dtype == torch.float32]
     block_m = min(INTERPRET_MAX_BLOCK_M, max(16, triton.next_power_of_2(q_len)))
@@ -416,12 +419,12 @@ def _prefix_row_groups(b: int, p: int, h: int, dtype: torch.dtype, d: int,
     ``PROGRAMS_PER_SM`` per SM (each group re-reads the prefix tile and adds a partial sum),
     two under the interpreter so that the tests cover the partial sums. No group is empty."""
     if device.type == "cuda":
-        tiles = triton.cdiv(p, _tiles("dkdv", dtype, d, 1, p, device).block_n) * h
-        groups = triton.cdiv(PROGRAMS_PER_SM * _sm_count(device.index or 0), max(tiles, 1))
+        per_group = triton.cdiv(p, _tiles("dkdv", dtype, d, 1, p, device).block_n) * h
+        groups = triton.cdiv(PROGRAMS_PER_SM * _sm_count(device.index or 0), max(per_group, 1))
     else:
         groups = INTERPRET_ROW_GROUPS
     groups = max(1, min(b, groups))
-    return triton.cdiv(b, triton.cdiv(b, groups))
+    return triton.cdiv(b, triton.cdiv(b, groups)) if b > 0 else 1
 
 
 def _dkdv(q: Tensor, do: Tensor, lse: Tensor, delta: Tensor, keys: Tensor, values: Tensor,
