@@ -39,8 +39,11 @@
 // ---- Instruction sets. The extension is built without -march flags so that one build runs on
 // any x86-64 or aarch64 machine. The inner loops are therefore compiled twice on x86-64: for
 // the baseline (SSE2) and, under a target pragma, for AVX2 + FMA + F16C (hardware fp16
-// conversion); the AVX2 copy is chosen at run time when the CPU has it. This keeps the build
-// to one translation unit and one compiler invocation, unlike ATen's per-capability files.
+// conversion); the AVX2 copy is chosen at run time when the CPU has it. This keeps the build to one translation unit and one compiler
+// invocation, unlike ATen's per-capability files. (at::vec::Vectorized would not help here:
+// without per-file -mavx2 flags it compiles to its scalar fallback, and including ATen headers
+// under the target pragma would give their inline functions AVX2 bodies that the linker may
+// pick for baseline callers.) The kernels are memory-bound: AVX-512 measured no faster.
 
 #define WC_ISA generic
 #include "simd_kernels.h"
@@ -367,7 +370,7 @@ std::tuple<at::Tensor, at::Tensor> nft_loss_fwd(const at::Tensor& v_theta,
 
 // ---- Flow noise. The unit of work is one x0 row segment with its K noisy copies.
 
-constexpr int64_t kNoiseSegment = 4096;
+constexpr int64_t kNoiseSegment = 16384;
 
 template <class T, class A>
 void flow_noise_typed(const at::Tensor& x0, const at::Tensor& sigmas, const at::Tensor& noise,

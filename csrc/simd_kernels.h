@@ -5,12 +5,12 @@
 // in its own namespace means no inline function is shared between instruction sets, so code
 // built for AVX2 can never be linked into the baseline path (which must run on any x86-64).
 // Everything has internal linkage; there is deliberately no include guard. The file uses only
-// the C++ standard library, the storage types c10::Half / c10::BFloat16 (as raw 16-bit words,
-// none of their functions) and, under WC_ISA_F16C, the F16C intrinsics.
+// the C++ standard library, the storage types c10::Half / c10::BFloat16 (their raw 16-bit
+// words, none of their functions) and, where WC_ISA_F16C is defined, the F16C intrinsics.
 //
-// All loops work on blocks of kBlock elements in the accumulation type A (float, or double for
-// double inputs): 16-bit inputs are widened into stack buffers first, so the arithmetic loops
-// are plain `#pragma omp simd` loops that the compiler vectorizes for the target at hand.
+// Each kernel is a plain `#pragma omp simd` loop in the accumulation type A (float, or double
+// for double inputs) that the compiler vectorizes for the target at hand; 16-bit inputs are
+// converted with branch-free bit arithmetic (or F16C instructions, see In / Out).
 
 namespace wc_native {
 namespace {
@@ -72,76 +72,86 @@ inline uint16_t float_to_bfloat16(float f) {
   return static_cast<uint16_t>(f != f ? 0x7FC0u : rounded);
 }
 
-// ---- Widening loads: a block of n inputs as a pointer to accumulation-type values. Inputs
-// that already have the accumulation type are used in place; the buffer is then unused.
+// ---- Block access in the accumulation type. A kernel walks a row in blocks of at most kBlock
+// elements; In reads a block of inputs and Out writes a block of results, both as
+// accumulation-type values indexed from the block start. Most types convert element by element
+// inside the kernel's SIMD loop. fp16 on F16C targets instead converts whole blocks with the
+// hardware instruction through a stack buffer: GCC does not vectorize scalar fp16 conversions,
+// and the bit-twiddling fallback is about twice as slow there (measured).
 
-inline const float* widen(const float* p, float*, int64_t) { return p; }
-inline const double* widen(const double* p, double*, int64_t) { return p; }
+inline float to_acc(float x) { return x; }
+inline double to_acc(double x) { return x; }
+inline float to_acc(c10::BFloat16 x) { return bfloat16_to_float(x.x); }
+inline float to_acc(c10::Half x) { return half_to_float(x.x); }
 
-inline const float* widen(const c10::BFloat16* p, float* buf, int64_t n) {
-  const auto* h = reinterpret_cast<const uint16_t*>(p);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) buf[i] = bfloat16_to_float(h[i]);
-  return buf;
-}
+inline void from_acc(float* out, float v) { *out = v; }
+inline void from_acc(double* out, double v) { *out = v; }
+inline void from_acc(c10::BFloat16* out, float v) { out->x = float_to_bfloat16(v); }
+inline void from_acc(c10::Half* out, float v) { out->x = float_to_half(v); }
 
-inline const float* widen(const c10::Half* p, float* buf, int64_t n) {
-  const auto* h = reinterpret_cast<const uint16_t*>(p);
-  int64_t i = 0;
+template <class T>
+struct In {
+  const T* p;
+  In(const T* data, int64_t) : p(data) {}
+  auto operator[](int64_t i) const { return to_acc(p[i]); }
+};
+
+template <class T>
+struct Out {
+  T* p;
+  explicit Out(T* data) : p(data) {}
+  template <class A>
+  void set(int64_t i, A v) { from_acc(p + i, v); }
+  void flush(int64_t) {}
+};
+
 #ifdef WC_ISA_F16C
-  for (; i + 8 <= n; i += 8) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i));
-    _mm256_storeu_ps(buf + i, _mm256_cvtph_ps(packed));
+template <>
+struct In<c10::Half> {
+  float buf[kBlock];
+  In(const c10::Half* data, int64_t n) {
+    const auto* h = reinterpret_cast<const uint16_t*>(data);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i));
+      _mm256_storeu_ps(buf + i, _mm256_cvtph_ps(packed));
+    }
+    for (; i < n; ++i) buf[i] = half_to_float(h[i]);
   }
-#endif
-#pragma omp simd
-  for (int64_t j = i; j < n; ++j) buf[j] = half_to_float(h[j]);
-  return buf;
-}
+  float operator[](int64_t i) const { return buf[i]; }
+};
 
-// ---- Narrowing stores: where a block of results in the accumulation type is computed
-// (`target`), and how it reaches the output (`narrow`, a no-op when written in place).
-
-inline float* target(float* out, float*) { return out; }
-inline double* target(double* out, double*) { return out; }
-inline float* target(c10::Half*, float* buf) { return buf; }
-inline float* target(c10::BFloat16*, float* buf) { return buf; }
-
-inline void narrow(float*, const float*, int64_t) {}
-inline void narrow(double*, const double*, int64_t) {}
-
-inline void narrow(c10::BFloat16* out, const float* buf, int64_t n) {
-  auto* h = reinterpret_cast<uint16_t*>(out);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) h[i] = float_to_bfloat16(buf[i]);
-}
-
-inline void narrow(c10::Half* out, const float* buf, int64_t n) {
-  auto* h = reinterpret_cast<uint16_t*>(out);
-  int64_t i = 0;
-#ifdef WC_ISA_F16C
-  for (; i + 8 <= n; i += 8) {
-    const __m128i packed = _mm256_cvtps_ph(_mm256_loadu_ps(buf + i), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i), packed);
+template <>
+struct Out<c10::Half> {
+  c10::Half* p;
+  float buf[kBlock];
+  explicit Out(c10::Half* data) : p(data) {}
+  void set(int64_t i, float v) { buf[i] = v; }
+  void flush(int64_t n) {
+    auto* h = reinterpret_cast<uint16_t*>(p);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_loadu_ps(buf + i);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i),
+                       _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < n; ++i) h[i] = float_to_half(buf[i]);
   }
+};
 #endif
-#pragma omp simd
-  for (int64_t j = i; j < n; ++j) h[j] = float_to_half(buf[j]);
-}
 
 // ---- NFT loss. With a = v_old - v*, u = v_theta - v_old the two residuals are
-// d+ = v+ - v* = a + beta*u and d- = v- - v* = a - beta*u.
+// d+ = v+ - v* = a + beta*u and d- = v- - v* = a - beta*u. Sums run in the accumulation type
+// within a block and join a double total per block: long rows stay accurate without slowing
+// the SIMD loop.
 
 // Pass 1 of the x0 space: sums of |d+| and |d-| over n elements of one row.
 template <class T, class A>
 void nft_abs_sums(const T* vt, const T* vo, const T* vs, int64_t n, A beta, double sums[2]) {
-  A bt[kBlock], bo[kBlock], bs[kBlock];
   double pos = 0.0, neg = 0.0;
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t m = std::min(kBlock, n - start);
-    const A* t = widen(vt + start, bt, m);
-    const A* o = widen(vo + start, bo, m);
-    const A* s = widen(vs + start, bs, m);
+    const In<T> t(vt + start, m), o(vo + start, m), s(vs + start, m);
     A p = 0, q = 0;
 #pragma omp simd reduction(+ : p, q)
     for (int64_t i = 0; i < m; ++i) {
@@ -150,7 +160,6 @@ void nft_abs_sums(const T* vt, const T* vo, const T* vs, int64_t n, A beta, doub
       p += std::abs(a + beta * u);
       q += std::abs(a - beta * u);
     }
-    // Block sums join a double total: long rows stay accurate without slowing the SIMD loop.
     pos += p;
     neg += q;
   }
@@ -164,14 +173,11 @@ void nft_abs_sums(const T* vt, const T* vo, const T* vs, int64_t n, A beta, doub
 template <class T, class A>
 void nft_square_sums_grad(const T* vt, const T* vo, const T* vs, T* grad, int64_t n, A beta,
                           A ga, A gu, double sums[2]) {
-  A bt[kBlock], bo[kBlock], bs[kBlock], bg[kBlock];
   double pos = 0.0, neg = 0.0;
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t m = std::min(kBlock, n - start);
-    const A* t = widen(vt + start, bt, m);
-    const A* o = widen(vo + start, bo, m);
-    const A* s = widen(vs + start, bs, m);
-    A* g = target(grad + start, bg);
+    const In<T> t(vt + start, m), o(vo + start, m), s(vs + start, m);
+    Out<T> g(grad + start);
     A p = 0, q = 0;
 #pragma omp simd reduction(+ : p, q)
     for (int64_t i = 0; i < m; ++i) {
@@ -181,9 +187,9 @@ void nft_square_sums_grad(const T* vt, const T* vo, const T* vs, T* grad, int64_
       const A dn = a - beta * u;
       p += dp * dp;
       q += dn * dn;
-      g[i] = ga * a + gu * u;
+      g.set(i, ga * a + gu * u);
     }
-    narrow(grad + start, g, m);
+    g.flush(m);
     pos += p;
     neg += q;
   }
@@ -192,29 +198,27 @@ void nft_square_sums_grad(const T* vt, const T* vo, const T* vs, T* grad, int64_
 }
 
 // ---- Flow noise for one x0 row segment of n elements and its k noisy copies, which lie
-// `stride` elements apart in noise / x_t / v_target. Each x0 block is read once and reused
-// for all k copies while it sits in L1.
+// `stride` elements apart in noise / x_t / v_target. The copies are written one after another,
+// so each loop streams through three rows only (a handful of prefetch streams, not 3k); the
+// x0 segment is read from memory once and then re-read from cache for every copy.
 template <class T, class A>
 void flow_noise_segment(const T* x0, const A* sigmas, int64_t k, const T* noise, T* x_t,
                         T* v_target, int64_t n, int64_t stride) {
-  A bx[kBlock], bn[kBlock], bxt[kBlock], bv[kBlock];
-  for (int64_t start = 0; start < n; start += kBlock) {
-    const int64_t m = std::min(kBlock, n - start);
-    const A* x = widen(x0 + start, bx, m);
-    for (int64_t j = 0; j < k; ++j) {
+  for (int64_t j = 0; j < k; ++j) {
+    const A sig = sigmas[j];
+    const A keep = A(1) - sig;
+    for (int64_t start = 0; start < n; start += kBlock) {
+      const int64_t m = std::min(kBlock, n - start);
       const int64_t offset = j * stride + start;
-      const A* e = widen(noise + offset, bn, m);
-      A* xt = target(x_t + offset, bxt);
-      A* v = target(v_target + offset, bv);
-      const A sig = sigmas[j];
-      const A keep = A(1) - sig;
+      const In<T> x(x0 + start, m), e(noise + offset, m);
+      Out<T> xt(x_t + offset), v(v_target + offset);
 #pragma omp simd
       for (int64_t i = 0; i < m; ++i) {
-        xt[i] = keep * x[i] + sig * e[i];
-        v[i] = e[i] - x[i];
+        xt.set(i, keep * x[i] + sig * e[i]);
+        v.set(i, e[i] - x[i]);
       }
-      narrow(x_t + offset, xt, m);
-      narrow(v_target + offset, v, m);
+      xt.flush(m);
+      v.flush(m);
     }
   }
 }
