@@ -7,7 +7,6 @@ outputs start as NaN, so an element a kernel forgets to write fails the comparis
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 
 import pytest
@@ -43,6 +42,18 @@ def poisoned_outputs():
     native.set_poison_outputs(False)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Run on one thread: on a shared 2-core machine every parallel op (of the reference and
+    of torch.testing) can wait milliseconds for a busy second core. The native kernels split
+    work the same way for any thread count, which
+    test_nft_loss_is_deterministic_across_thread_counts checks on two threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(params=native.available_isas())
 def isa(request):
     """Run a test with the inner loops of each instruction set this CPU supports."""
@@ -66,26 +77,12 @@ def call_native(inputs: dict, beta: float, space: str):
                                inputs["r"], inputs["sigma"], beta, space == "x0")
 
 
-@contextlib.contextmanager
-def single_threaded():
-    """Run the many small reference ops on one thread: on a shared 2-core machine each parallel
-    op can wait milliseconds for the busy second core. The native kernels split work the same
-    way for any thread count (test_nft_loss_is_deterministic_across_thread_counts)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def reference_loss_and_weighted_grad(inputs: dict, beta: float, space: str, weights):
     """Reference per-sample loss, and the autograd gradient of sum_i weights_i * L_i."""
     v_theta = inputs["v_theta"].clone().requires_grad_()
-    with single_threaded():
-        loss = reference.nft_loss(v_theta, inputs["v_old"], inputs["v_target"], inputs["r"],
-                                  beta=beta, sigma=inputs["sigma"], space=space)
-        (grad,) = torch.autograd.grad((loss * weights.to(loss.dtype)).sum(), v_theta)
+    loss = reference.nft_loss(v_theta, inputs["v_old"], inputs["v_target"], inputs["r"],
+                              beta=beta, sigma=inputs["sigma"], space=space)
+    (grad,) = torch.autograd.grad((loss * weights.to(loss.dtype)).sum(), v_theta)
     return loss.detach(), grad
 
 
@@ -158,14 +155,9 @@ def test_nft_loss_long_row_is_accurate():
 @pytest.mark.parametrize("space", SPACES)
 def test_nft_loss_is_deterministic_across_thread_counts(space):
     inputs = make_nft_inputs("rows5", 300_007, torch.float32, seed=4)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        serial = call_native(inputs, 1.0, space)
-        torch.set_num_threads(max(2, threads))
-        parallel = call_native(inputs, 1.0, space)
-    finally:
-        torch.set_num_threads(threads)
+    serial = call_native(inputs, 1.0, space)  # one thread (fixture one_thread)
+    torch.set_num_threads(2)
+    parallel = call_native(inputs, 1.0, space)
     for a, b in zip(serial, parallel, strict=True):
         assert torch.equal(a, b)
 
@@ -186,8 +178,7 @@ def make_flow_inputs(samples: int, sigmas: int, cols: int, dtype: torch.dtype):
 def test_flow_noise_matches_reference(isa, dtype, cols, shape):
     x0, sig, noise = make_flow_inputs(*shape, cols, dtype)
     x_t, v_target = native.flow_noise(x0, sig, noise)
-    with single_threaded():
-        ref_x_t, ref_v = reference.flow_noise(x0, sig, noise)
+    ref_x_t, ref_v = reference.flow_noise(x0, sig, noise)
     for actual, expected in ((x_t, ref_x_t), (v_target, ref_v)):
         assert actual.dtype == dtype
         torch.testing.assert_close(actual, expected)
