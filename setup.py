@@ -39,6 +39,8 @@ def native_extensions() -> tuple[list, dict]:
     sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").glob("*.cpp"))
     if not sources:
         return [], {}
+    # No -std flag: BuildExtension passes the standard the installed torch's headers need.
+    # -g0 drops the -g of Python's CFLAGS (debug info slows the build and bloats the library).
     ext = CppExtension(
         "kernels._native",
         sources,
