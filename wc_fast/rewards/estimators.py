@@ -1,18 +1,23 @@
 """Camera estimators: frames -> per-frame camera-to-world poses (the IF reward's 3D model).
 
 Two embedded learned estimators stand in for a 3D foundation model on the synthetic world. Both
-regress the relative pose of each consecutive frame pair and chain the results from the
+estimate the relative pose of each consecutive frame pair and chain the results from the
 identity, so ``c2w[0] = I`` and ``c2w[i] = c2w[i-1] @ delta_i``:
 
-- ``"reward"`` (:class:`PairPoseNet`): a CNN over the stacked pair, its difference and pixel
-  coordinates; used by the IF reward during training.
-- ``"eval"`` (:class:`CorrelationPoseNet`): a siamese encoder, a local correlation (cost)
-  volume between the two frames' features, then a CNN head; trained from another seed on other
-  data, used for evaluation so that evaluation is not the training reward grading itself.
+- ``"reward"`` (:class:`CorrelationPoseNet`): siamese RGB features, one local cost volume at
+  half resolution, a CNN head; used by the IF reward during training.
+- ``"eval"`` (:class:`PyramidCorrelationNet`): luminance and gradients instead of colour, cost
+  volumes at two scales merged coarse-to-fine; trained from another seed on other data (more
+  composites), used for evaluation so that evaluation is not the training reward grading
+  itself.
 
 A pair's pose is 6 numbers ``(tx, ty, tz) / TRANSLATION_STEP`` and ``(yaw, pitch, roll) /
 ROTATION_STEP_DEG``, with ``R = Ry(yaw) @ Rx(pitch) @ Rz(roll)`` (the order in which
-:mod:`wc_fast.world.motion` composes actions, so an action's target is exact).
+:mod:`wc_fast.world.motion` composes actions, so an action's target is exact). The four that
+actions move (tx, tz, yaw, pitch) are each read as a soft choice among one step back, none and
+one step forward: the network gives three logits and the estimate is the expected step
+``p(+1) - p(-1)``, a continuous value (a half-done motion reads as about half a step); ty and
+roll, which actions never change, are regressed directly.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from wc_fast.rewards.weights import load_model_files
 from wc_fast.world.motion import ROTATION_STEP_DEG, TRANSLATION_STEP, rot_x, rot_y
 
 ESTIMATOR_ASSETS = {"reward": "camera_reward", "eval": "camera_eval"}
+STEP_PARAMS = (0, 2, 3, 4)  # tx, tz, yaw, pitch: soft choice among -1, 0, +1 steps
+FREE_PARAMS = (1, 5)  # ty, roll: regressed
+RAW_OUTPUTS = 3 * len(STEP_PARAMS) + len(FREE_PARAMS)
 
 
 @runtime_checkable
@@ -54,6 +62,27 @@ def params_to_delta(params: Tensor, *, translation_step: float = TRANSLATION_STE
     return delta
 
 
+def decode_pose(raw: Tensor) -> Tensor:
+    """Network outputs ``[..., 14]`` -> normalized pose parameters ``[..., 6]``."""
+    probs = raw[..., : 3 * len(STEP_PARAMS)].unflatten(-1, (len(STEP_PARAMS), 3)).softmax(-1)
+    params = torch.zeros(*raw.shape[:-1], 6, dtype=raw.dtype, device=raw.device)
+    params[..., list(STEP_PARAMS)] = probs[..., 2] - probs[..., 0]
+    params[..., list(FREE_PARAMS)] = raw[..., 3 * len(STEP_PARAMS):]
+    return params
+
+
+def pose_loss(raw: Tensor, target: Tensor) -> Tensor:
+    """Cross-entropy of the step choices plus squared error of ty and roll.
+
+    ``raw`` ``[..., 14]`` network outputs, ``target`` ``[..., 6]`` normalized parameters whose
+    step parameters are -1, 0 or +1 (the motion of an action).
+    """
+    logits = raw[..., : 3 * len(STEP_PARAMS)].reshape(-1, 3)
+    classes = (target[..., list(STEP_PARAMS)].round().long() + 1).reshape(-1)
+    free = raw[..., 3 * len(STEP_PARAMS):]
+    return F.cross_entropy(logits, classes) + F.mse_loss(free, target[..., list(FREE_PARAMS)])
+
+
 def chain_from_identity(delta: Tensor) -> Tensor:
     """``[n, F, 4, 4]`` relative poses -> ``[n, F+1, 4, 4]`` poses chained from the identity."""
     eye = torch.eye(4, dtype=delta.dtype, device=delta.device).expand(delta.shape[0], 4, 4)
@@ -64,43 +93,32 @@ def chain_from_identity(delta: Tensor) -> Tensor:
 
 
 def _conv(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1), nn.GELU())
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout),
+                         nn.GELU())
 
 
 def _pose_head(channels: int, spatial: int) -> nn.Sequential:
-    """Spatial features ``[B, channels, s, s]`` -> 6 pose parameters (keeps where things are)."""
+    """Spatial features ``[B, channels, s, s]`` -> raw pose outputs (keeps where things are)."""
     return nn.Sequential(nn.Conv2d(channels, 32, 1), nn.GELU(), nn.Flatten(),
-                         nn.Linear(32 * spatial * spatial, 128), nn.GELU(), nn.Linear(128, 6))
+                         nn.Linear(32 * spatial * spatial, 128), nn.GELU(),
+                         nn.Linear(128, RAW_OUTPUTS))
 
 
-class PairPoseNet(nn.Module):
-    """The reward estimator's pair network: ``(prev, cur)`` ``[B, 3, 32, 32]`` each -> ``[B, 6]``.
-
-    Input channels: both frames, their difference and the two pixel coordinates (so the network
-    can tell near floor pixels, low in the image, from far ones).
-    """
-
-    arch = "pair_cnn"
-
-    def __init__(self, resolution: int = 32) -> None:
-        super().__init__()
-        self.resolution = resolution
-        coord = torch.linspace(-1.0, 1.0, resolution)
-        y, x = torch.meshgrid(coord, coord, indexing="ij")
-        self.register_buffer("coords", torch.stack([x, y])[None], persistent=False)
-        self.body = nn.Sequential(_conv(11, 24), _conv(24, 32, 2), _conv(32, 48, 2),
-                                  _conv(48, 64, 2))
-        self.head = _pose_head(64, resolution // 8)
-
-    def forward(self, prev: Tensor, cur: Tensor) -> Tensor:
-        coords = self.coords.expand(prev.shape[0], -1, -1, -1)
-        return self.head(self.body(torch.cat([prev, cur, cur - prev, coords], 1)))
+def correlation(a: Tensor, b: Tensor, radius: int) -> Tensor:
+    """Local cost volume: ``[B, C, h, w]`` x2 -> ``[B, (2r+1)^2, h, w]``, tap ``(dy, dx)`` being
+    the channel sum of ``a * b`` shifted by ``(dy - r, dx - r)`` (zero outside the image)."""
+    padded = F.pad(b, (radius, radius, radius, radius))
+    h, w = a.shape[-2:]
+    taps = [(a * padded[..., dy:dy + h, dx:dx + w]).sum(1)
+            for dy in range(2 * radius + 1) for dx in range(2 * radius + 1)]
+    return torch.stack(taps, 1)
 
 
 class CorrelationPoseNet(nn.Module):
-    """The eval estimator's pair network: siamese features at half resolution, a correlation
-    volume of unit-length matching features over displacements up to ``radius`` feature pixels,
-    and a CNN head over the volume and the first frame's features -> ``[B, 6]``."""
+    """The reward estimator's pair network: siamese RGB features at half resolution, a cost
+    volume of unit-length matching features over displacements up to ``radius`` feature pixels
+    (cosine similarities), and a CNN head over the volume and the first frame's features.
+    ``(prev, cur)`` ``[B, 3, 32, 32]`` each -> ``[B, 14]``."""
 
     arch = "correlation"
 
@@ -113,24 +131,53 @@ class CorrelationPoseNet(nn.Module):
         self.body = nn.Sequential(_conv(taps + 24, 48, 2), _conv(48, 64, 2))
         self.head = _pose_head(64, resolution // 8)
 
-    def _correlation(self, a: Tensor, b: Tensor) -> Tensor:
-        """``[B, C, h, w]`` x2 -> ``[B, (2r+1)^2, h, w]``: channel sum of ``a * shift(b)``."""
-        r = self.radius
-        padded = F.pad(b, (r, r, r, r))
-        h, w = a.shape[-2:]
-        taps = [(a * padded[..., dy:dy + h, dx:dx + w]).sum(1)
-                for dy in range(2 * r + 1) for dx in range(2 * r + 1)]
-        return torch.stack(taps, 1)
-
     def forward(self, prev: Tensor, cur: Tensor) -> Tensor:
         feats = self.encoder(torch.cat([prev, cur]))
-        # Unit-length matching features: the volume holds cosine similarities in [-1, 1].
         m_prev, m_cur = F.normalize(self.match(feats), dim=1).chunk(2)
-        volume = self._correlation(m_prev, m_cur)
+        volume = correlation(m_prev, m_cur, self.radius)
         return self.head(self.body(torch.cat([volume, feats[: prev.shape[0]]], 1)))
 
 
-NETWORKS = {PairPoseNet.arch: PairPoseNet, CorrelationPoseNet.arch: CorrelationPoseNet}
+class PyramidCorrelationNet(nn.Module):
+    """The eval estimator's pair network, different in input and structure from the reward's:
+    it sees luminance and its x/y gradients (no colour), and matches at two scales, a fine
+    volume (half resolution, radius 2) and a coarse one (quarter resolution, radius 3, reaching
+    12 pixels), merged coarse-to-fine by a CNN head. ``(prev, cur)`` -> ``[B, 14]``."""
+
+    arch = "pyramid_correlation"
+
+    def __init__(self, resolution: int = 32) -> None:
+        super().__init__()
+        self.resolution = resolution
+        self.fine = nn.Sequential(_conv(3, 16), _conv(16, 24, 2))
+        self.coarse = _conv(24, 32, 2)
+        self.match_fine, self.match_coarse = nn.Conv2d(24, 8, 1), nn.Conv2d(32, 16, 1)
+        self.fine_body = _conv(25 + 24, 48, 2)
+        self.body = _conv(48 + 49 + 32, 64, 2)
+        self.head = _pose_head(64, resolution // 8)
+
+    @staticmethod
+    def _luma_gradients(x: Tensor) -> Tensor:
+        """RGB ``[B, 3, H, W]`` -> luminance, d/dx, d/dy ``[B, 3, H, W]``."""
+        luma = (x * x.new_tensor([0.299, 0.587, 0.114])[:, None, None]).sum(1, keepdim=True)
+        padded = F.pad(luma, (1, 1, 1, 1), mode="replicate")
+        dx = (padded[..., 1:-1, 2:] - padded[..., 1:-1, :-2]) / 2
+        dy = (padded[..., 2:, 1:-1] - padded[..., :-2, 1:-1]) / 2
+        return torch.cat([luma, dx, dy], 1)
+
+    def forward(self, prev: Tensor, cur: Tensor) -> Tensor:
+        n = prev.shape[0]
+        fine = self.fine(self._luma_gradients(torch.cat([prev, cur])))
+        coarse = self.coarse(fine)
+        f_prev, f_cur = F.normalize(self.match_fine(fine), dim=1).chunk(2)
+        c_prev, c_cur = F.normalize(self.match_coarse(coarse), dim=1).chunk(2)
+        h = self.fine_body(torch.cat([correlation(f_prev, f_cur, 2), fine[:n]], 1))
+        h = self.body(torch.cat([h, correlation(c_prev, c_cur, 3), coarse[:n]], 1))
+        return self.head(h)
+
+
+NETWORKS = {CorrelationPoseNet.arch: CorrelationPoseNet,
+            PyramidCorrelationNet.arch: PyramidCorrelationNet}
 
 
 class LearnedEstimator(nn.Module):
@@ -146,8 +193,8 @@ class LearnedEstimator(nn.Module):
         self.net = net
         self.translation_step, self.rotation_step_deg = translation_step, rotation_step_deg
 
-    def pair_params(self, frames: Tensor) -> Tensor:
-        """Normalized relative pose of every consecutive pair: ``[n, T-1, 6]``."""
+    def pair_outputs(self, frames: Tensor) -> Tensor:
+        """Raw network outputs of every consecutive pair: ``[n, T-1, 14]``."""
         n, t = frames.shape[:2]
         if frames.dim() != 5 or t < 2:
             raise ValueError(f"frames must be [n, T, C, H, W] with T >= 2, got "
@@ -159,6 +206,10 @@ class LearnedEstimator(nn.Module):
                               align_corners=False, antialias=True).unflatten(0, (n, t))
         prev, cur = x[:, :-1].flatten(0, 1), x[:, 1:].flatten(0, 1)
         return self.net(prev, cur).unflatten(0, (n, t - 1))
+
+    def pair_params(self, frames: Tensor) -> Tensor:
+        """Normalized relative pose of every consecutive pair: ``[n, T-1, 6]``."""
+        return decode_pose(self.pair_outputs(frames))
 
     def forward(self, frames: Tensor) -> Tensor:
         delta = params_to_delta(self.pair_params(frames), translation_step=self.translation_step,

@@ -65,7 +65,7 @@ def label_agreement(estimator: CameraEstimator, *, clips: int = 1000,
         out[name] = {"frames": ok.shape[0],
                      "by_threshold": {str(t): round(float(ok[:, i].mean()), 4)
                                       for i, t in enumerate(trans_thresholds)},
-                     "all_thresholds": round(float(ok.all(-1).mean()), 4)}
+                     "all_thresholds": round(float(ok.all(-1).double().mean()), 4)}
     return out
 
 

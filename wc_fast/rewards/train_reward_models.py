@@ -6,8 +6,9 @@ data seeds (:data:`RECIPES`); batch ``i`` renders ``sample_clips(seed=batch_seed
 so no training batch shares a seed with the held-out evaluation stream
 (:data:`wc_fast.rewards.evaluate_reward_models.EVAL_DATA_SEED`).
 
-- ``reward`` / ``eval``: camera estimators (:mod:`wc_fast.rewards.estimators`), regression of
-  each frame pair's normalized relative pose (MSE), a new random action every frame, 10% no-op.
+- ``reward`` / ``eval``: camera estimators (:mod:`wc_fast.rewards.estimators`) learn each frame
+  pair's relative pose (:func:`~wc_fast.rewards.estimators.pose_loss`), a new random action
+  every frame, 10% no-op.
 - ``critic``: the VQ critic (:mod:`wc_fast.rewards.critic`), logistic ranking loss of each clean
   frame against its degraded version, every degradation kind in every batch.
 """
@@ -26,16 +27,16 @@ from torch import Tensor, nn
 
 from wc_fast.rewards.critic import CRITIC_ASSET, build_critic
 from wc_fast.rewards.degrade import KINDS, add_noise, degraded_pairs, gaussian_blur
-from wc_fast.rewards.estimators import ESTIMATOR_ASSETS, build_estimator
+from wc_fast.rewards.estimators import ESTIMATOR_ASSETS, build_estimator, decode_pose, pose_loss
 from wc_fast.rewards.weights import REGENERATE, save_model
 from wc_fast.world import ROTATION_STEP_DEG, TRANSLATION_STEP, batch_seed, sample_clips
 from wc_fast.world.motion import action_components
 
 RECIPES = {
-    "reward": {"arch": "pair_cnn", "model_seed": 11, "data_seed": 1000, "steps": 2000,
-               "batch": 16, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.5},
-    "eval": {"arch": "correlation", "model_seed": 22, "data_seed": 2000, "steps": 2000,
-             "batch": 16, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.6},
+    "reward": {"arch": "correlation", "model_seed": 11, "data_seed": 1000, "steps": 3000,
+               "batch": 12, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.5},
+    "eval": {"arch": "pyramid_correlation", "model_seed": 22, "data_seed": 2000, "steps": 3000,
+             "batch": 12, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.6},
     "critic": {"arch": "frame_cnn", "model_seed": 33, "data_seed": 3000, "steps": 1500,
                "batch": 40, "lr": 2e-3},
 }
@@ -81,10 +82,10 @@ def _estimator_loss(model: nn.Module, step: int, recipe: dict, gen: torch.Genera
                          noop_fraction=NOOP_FRACTION,
                          composite_fraction=recipe["composite_fraction"])
     target = pose_targets(clips.actions)
-    params = model.pair_params(_augment(clips.frames, gen))
-    loss = F.mse_loss(params, target)
-    # Per-frame sign agreement of all six parameters (a cheap proxy for label accuracy).
-    agree = ((params - target).abs() < 0.5).all(-1).float().mean()
+    raw = model.pair_outputs(_augment(clips.frames, gen))
+    loss = pose_loss(raw, target)
+    # Frames whose six parameters are all within half a step (a cheap proxy for label accuracy).
+    agree = ((decode_pose(raw.detach()) - target).abs() < 0.5).all(-1).float().mean()
     return loss, {"agree": float(agree)}
 
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from wc_fast.world.scene import MAX_BOXES, Scenes
 
-DEFAULT_FOV_DEG = 60.0
+DEFAULT_FOV_DEG = 75.0
 FOG_DISTANCE = 14.0
 FOG_COLOR = (0.72, 0.72, 0.74)
 # Brightness of axis-aligned faces by (normal axis, ray direction > 0 along it): a light from

@@ -18,8 +18,8 @@ from torch import Tensor
 
 from wc_fast.world.motion import rot_x, rot_y
 
-FLOOR_Y = 1.0
-CEILING_Y = -1.3
+FLOOR_Y = 0.9
+CEILING_Y = -1.1
 MAX_BOXES = 6
 MAX_PILLARS = 3
 NUM_MATERIALS = 6 + MAX_BOXES + MAX_PILLARS
@@ -82,11 +82,12 @@ def _materials(gen: torch.Generator, n: int) -> tuple[Tensor, Tensor, Tensor, Te
     # Ceilings are near-white, as in real rooms: a fixed neutral reference for colour shifts.
     ceiling = 2
     color_a[:, ceiling] = _uniform(gen, (n, 1), 0.85, 0.95).expand(n, 3)
-    color_b[:, ceiling] = color_a[:, ceiling] * 0.8
+    color_b[:, ceiling] = color_a[:, ceiling] * 0.6
     pattern = torch.nn.functional.one_hot(
         torch.randint(len(PATTERNS), (n, m), generator=gen), len(PATTERNS)).float()
-    # Cells of 0.5 to 1.4 units: a few pixels wide at 32x32 across the room.
-    frequency = 1.0 / _uniform(gen, (n, m, 1), 0.5, 1.4)
+    # Cells of 0.35 to 0.9 units: a few pixels wide at 32x32 across the room, so that every
+    # surface shows edges that move.
+    frequency = 1.0 / _uniform(gen, (n, m, 1), 0.35, 0.9)
     frequency = frequency * torch.stack([torch.ones(n, m), _uniform(gen, (n, m), 0.7, 1.4)], -1)
     return color_a, color_b, pattern, frequency
 
@@ -101,7 +102,8 @@ def sample_scenes(n: int, gen: torch.Generator) -> Scenes:
 
     centre = (torch.rand((n, MAX_BOXES, 2), generator=gen) * 2 - 1) * (half[:, None] - 0.9)
     size = _uniform(gen, (n, MAX_BOXES, 2), 0.25, 0.8)
-    height = _uniform(gen, (n, MAX_BOXES), 0.3, 1.6)
+    # Boxes stay below the camera: the floor behind them stays in view (motion parallax).
+    height = _uniform(gen, (n, MAX_BOXES), 0.25, 0.65)
     box_lo = torch.stack([centre[..., 0] - size[..., 0], FLOOR_Y - height,
                           centre[..., 1] - size[..., 1]], -1)
     box_hi = torch.stack([centre[..., 0] + size[..., 0], torch.full_like(height, FLOOR_Y),
@@ -120,7 +122,7 @@ def sample_scenes(n: int, gen: torch.Generator) -> Scenes:
 
 
 def is_free(scenes: Scenes, position: Tensor, *, wall_margin: float = 1.0,
-            object_margin: float = 0.5, height_band: float = 0.5) -> Tensor:
+            object_margin: float = 0.5, height_band: float = 0.4) -> Tensor:
     """Whether camera positions are in free space.
 
     ``position`` ``[n, ..., 3]`` (scene i for row i) -> bool ``[n, ...]``: inside the room at
