@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
 from kernels import flow_noise
@@ -67,6 +67,20 @@ def lr_factor(step: int, warmup: int) -> float:
     return min(1.0, (step + 1) / max(1, warmup))
 
 
+def ema_with_warmup(decay: float):
+    """EMA update with the usual warmup ``min(decay, (1 + n) / (10 + n))``: early averages
+    forget the random init quickly instead of lagging behind the live model for ~1/(1-decay)
+    steps."""
+
+    def update(averaged: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor
+               ) -> torch.Tensor:
+        n = float(num_averaged)
+        beta = min(decay, (1.0 + n) / (10.0 + n))
+        return torch.lerp(current, averaged, beta)
+
+    return update
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     run = parse_run_args("python -m wc_fast.pretrain", "Pretrain the embedded world model.",
                          argv, steps_field="pretrain.steps", out_field="pretrain.out")
@@ -75,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(pt.out)
     torch.manual_seed(pt.seed)
     model = TinyWorldDiT(cfg.model).to(device)
-    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(pt.ema), use_buffers=True)
+    ema = AveragedModel(model, avg_fn=ema_with_warmup(pt.ema), use_buffers=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=pt.lr, betas=(0.9, 0.99),
                                   weight_decay=pt.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
