@@ -288,17 +288,6 @@ at::Tensor new_output(at::IntArrayRef shape, at::ScalarType dtype) {
 
 constexpr double kX0WeightFloor = 1e-5;
 
-// Per-row gradient constants: grad = ga*(v_old - v*) + gu*(v_theta - v_old), from
-// grad = c_pos*d+ - c_neg*d- with d+- = a +- beta*u.
-struct GradCoeffs {
-  double ga;
-  double gu;
-};
-
-GradCoeffs grad_coeffs(double c_pos, double c_neg, double beta) {
-  return {c_pos - c_neg, beta * (c_pos + c_neg)};
-}
-
 // x0 space, pass 1: the weights w+- = max(sigma * mean|d+-|, floor) of every row.
 template <class T, class A>
 std::vector<double> x0_weights(const Kernels<T, A>& k, const RowChunks& rc, const T* vt,
@@ -363,10 +352,9 @@ void nft_loss_typed(const at::Tensor& v_theta, const at::Tensor& v_old, const at
     for (int64_t item = first; item < last; ++item) {
       const int64_t row = rc.row(item);
       const int64_t offset = row * rc.cols + rc.begin(item);
-      const GradCoeffs c = grad_coeffs(2.0 * beta * f[2 * row], 2.0 * beta * f[2 * row + 1],
-                                       beta);
       k.square_sums_grad(vt + offset, vo + offset, vs + offset, g + offset, rc.length(item), b,
-                         static_cast<A>(c.ga), static_cast<A>(c.gu), &partial[2 * item]);
+                         static_cast<A>(2.0 * beta * f[2 * row]),
+                         static_cast<A>(2.0 * beta * f[2 * row + 1]), &partial[2 * item]);
     }
   });
   const std::vector<double> sums = row_totals(rc, partial);

@@ -167,12 +167,12 @@ void nft_abs_sums(const T* vt, const T* vo, const T* vs, int64_t n, A beta, doub
   sums[1] = neg;
 }
 
-// The fused pass: sums of d+^2 and d-^2, and the gradient
-// grad = c_pos*d+ - c_neg*d- = (c_pos - c_neg)*a + (c_pos + c_neg)*beta*u, written as
-// grad = ga*a + gu*u with the per-row constants computed by the caller.
+// The fused pass: sums of d+^2 and d-^2, and the gradient grad = c_pos*d+ - c_neg*d- with
+// per-row constants from the caller. Written from d+- directly (not regrouped by a and u),
+// which keeps it exact when the two terms nearly cancel.
 template <class T, class A>
 void nft_square_sums_grad(const T* vt, const T* vo, const T* vs, T* grad, int64_t n, A beta,
-                          A ga, A gu, double sums[2]) {
+                          A c_pos, A c_neg, double sums[2]) {
   double pos = 0.0, neg = 0.0;
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t m = std::min(kBlock, n - start);
@@ -187,7 +187,7 @@ void nft_square_sums_grad(const T* vt, const T* vo, const T* vs, T* grad, int64_
       const A dn = a - beta * u;
       p += dp * dp;
       q += dn * dn;
-      g.set(i, ga * a + gu * u);
+      g.set(i, c_pos * dp - c_neg * dn);
     }
     g.flush(m);
     pos += p;
