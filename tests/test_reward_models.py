@@ -24,6 +24,16 @@ from wc_fast.rewards.scoring import stride_frames
 from wc_fast.world.motion import action_deltas
 
 
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Small tensors: one thread is faster than two on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def clips():
     return world.sample_clips(8, seed=77)

@@ -33,9 +33,9 @@ from wc_fast.world import ROTATION_STEP_DEG, TRANSLATION_STEP, batch_seed, sampl
 from wc_fast.world.motion import action_components
 
 RECIPES = {
-    "reward": {"arch": "correlation", "model_seed": 11, "data_seed": 1000, "steps": 3000,
+    "reward": {"arch": "correlation", "model_seed": 11, "data_seed": 1000, "steps": 4000,
                "batch": 12, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.5},
-    "eval": {"arch": "pyramid_correlation", "model_seed": 22, "data_seed": 2000, "steps": 3000,
+    "eval": {"arch": "pyramid_correlation", "model_seed": 22, "data_seed": 2000, "steps": 4000,
              "batch": 12, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.6},
     "critic": {"arch": "frame_cnn", "model_seed": 33, "data_seed": 3000, "steps": 1500,
                "batch": 40, "lr": 2e-3},

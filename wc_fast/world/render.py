@@ -4,7 +4,8 @@ Each pixel casts one ray (or ``supersample**2`` rays, averaged) through the pixe
 OpenCV camera frame (+x right, +y down, +z forward), rotated to the world by the frame's c2w.
 The nearest hit over the room, all boxes and all pillars is found in one batched computation;
 the hit surface is coloured by its material's procedural pattern (checker, bricks or tiles over
-the surface coordinates), shaded by its normal and blended into a neutral fog by distance.
+the surface coordinates; faded to its mean where a cell is under 1.5 pixels), shaded by
+its normal and blended into a neutral fog by distance.
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ def _cast(sc: Scenes, origin: Tensor, d: Tensor) -> tuple[Tensor, Tensor, Tensor
     return t, prim, face, axis
 
 
-def _shade(sc: Scenes, origin: Tensor, d: Tensor) -> Tensor:
-    """Colour ``[N, 3, R]`` in [0, 1] of rays ``d`` ``[N, 3, R]`` from ``origin`` ``[N, 3]``."""
+def _shade(sc: Scenes, origin: Tensor, d: Tensor, pixel_angle: float) -> Tensor:
+    """Colour ``[N, 3, R]`` in [0, 1] of rays ``d`` ``[N, 3, R]`` from ``origin`` ``[N, 3]``;
+    ``pixel_angle`` is the angle (radians) one pixel spans at the image centre."""
     t, prim, face, axis = _cast(sc, origin, d)
     p = origin[:, :, None] + t[:, None] * d
     material = torch.where(prim == 0, face, prim + 5)
@@ -113,6 +115,16 @@ def _shade(sc: Scenes, origin: Tensor, d: Tensor) -> Tensor:
     bricks = torch.remainder(torch.floor(u * mat[:, 9] + row_shift) + iv, 2.0)
     tiles = torch.frac(torch.sin(iu * 12.9898 + iv * 78.233).abs() * 43758.5453)
     value = mat[:, 6] * checker + mat[:, 7] * bricks + mat[:, 8] * tiles
+    # Cheap anti-aliasing: where a pattern cell covers less than 1.5 pixels (far or grazing
+    # surfaces), fade the pattern to its mean, so distant textures do not shimmer as the camera
+    # moves. The pixel footprint is distance * pixel angle, stretched by the incidence angle.
+    length = (d[:, 0] ** 2 + d[:, 1] ** 2 + d[:, 2] ** 2).sqrt()
+    distance = t * length
+    facing = torch.where(on_pillar, (d[:, 0] * normal_x + d[:, 2] * normal_z).abs(),
+                         d.gather(1, axis.clamp(max=2)[:, None])[:, 0].abs()) / length
+    footprint = distance * pixel_angle / facing.clamp_min(0.2)
+    cells_per_pixel = footprint * torch.maximum(mat[:, 9], mat[:, 10])
+    value = torch.lerp(value, torch.full_like(value, 0.5), (1.5 * cells_per_pixel - 1).clamp(0, 1))
     color = torch.lerp(mat[:, 0:3], mat[:, 3:6], value[:, None])
 
     face_shade = torch.tensor(_FACE_SHADE)
@@ -121,7 +133,6 @@ def _shade(sc: Scenes, origin: Tensor, d: Tensor) -> Tensor:
     pillar_shade = 0.72 + 0.2 * (normal_x * _PILLAR_LIGHT[0] + normal_z * _PILLAR_LIGHT[1])
     shade = torch.where(on_pillar, pillar_shade, shade)
 
-    distance = t * (d[:, 0] ** 2 + d[:, 1] ** 2 + d[:, 2] ** 2).sqrt()
     fog = torch.exp(-distance / FOG_DISTANCE)[:, None]
     return torch.lerp(torch.tensor(FOG_COLOR)[:, None], color * shade[:, None], fog)
 
@@ -137,6 +148,7 @@ def render(scenes: Scenes, c2w: Tensor, *, resolution: int = 32, fov_deg: float 
     flat = c2w.reshape(n * frames, 4, 4).to(torch.float32)
     per_frame = scenes.index(torch.arange(n).repeat_interleave(frames))
     rays = camera_rays(resolution, fov_deg, supersample)
+    pixel_angle = 1.0 / (focal_length(resolution, fov_deg) * supersample)
     out = []
     for start in range(0, n * frames, _CHUNK_FRAMES):
         stop = min(start + _CHUNK_FRAMES, n * frames)
@@ -145,7 +157,7 @@ def render(scenes: Scenes, c2w: Tensor, *, resolution: int = 32, fov_deg: float 
         # Keep every component away from 0 so that 1/d is finite.
         d = torch.where(d.abs() < 1e-7, torch.full_like(d, 1e-7), d)
         sc = per_frame.index(torch.arange(start, stop))
-        out.append(_shade(sc, pose[:, :3, 3], d))
+        out.append(_shade(sc, pose[:, :3, 3], d, pixel_angle))
     rgb = torch.cat(out)
     s = supersample
     rgb = rgb.reshape(n * frames, 3, resolution, s, resolution, s).mean((3, 5))
