@@ -118,7 +118,8 @@ def test_if_scores_of_ground_truth_poses_are_one(clips, thresholds):
                        torch.ones(8))
     wrong = (clips.actions + 1) % 81
     assert float(if_scores(est, clips.frames, wrong, **thresholds).mean()) < 1.0
-    shared = if_scores(est, clips.frames[:1].expand(3, -1, -1, -1, -1), clips.actions[0],
+    one = _GroundTruth(clips.c2w[:1].expand(3, -1, -1, -1))
+    shared = if_scores(one, clips.frames[:1].expand(3, -1, -1, -1, -1), clips.actions[0],
                        **thresholds)
     assert shared.shape == (3,) and torch.equal(shared, torch.ones(3))
 
