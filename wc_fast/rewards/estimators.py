@@ -4,12 +4,13 @@ Two embedded learned estimators stand in for a 3D foundation model on the synthe
 estimate the relative pose of each consecutive frame pair and chain the results from the
 identity, so ``c2w[0] = I`` and ``c2w[i] = c2w[i-1] @ delta_i``:
 
-- ``"reward"`` (:class:`CorrelationPoseNet`): siamese RGB features, one local cost volume at
-  half resolution, a CNN head; used by the IF reward during training.
-- ``"eval"`` (:class:`PyramidCorrelationNet`): luminance and gradients instead of colour, cost
-  volumes at two scales merged coarse-to-fine; trained from another seed on other data (more
-  composites), used for evaluation so that evaluation is not the training reward grading
-  itself.
+- ``"reward"``: a :class:`PyramidCorrelationNet` on RGB frames, a wide fine cost volume (radius
+  3 at half resolution) and a narrow coarse one (radius 2 at quarter resolution); used by the IF
+  reward during training.
+- ``"eval"``: a :class:`PyramidCorrelationNet` on luminance and its gradients (it never sees
+  colour), a narrow fine volume (radius 2) and a wide coarse one (radius 3); trained from another
+  seed on other data (more composites), used for evaluation so that evaluation is not the
+  training reward grading itself.
 
 A pair's pose is 6 numbers ``(tx, ty, tz) / TRANSLATION_STEP`` and ``(yaw, pitch, roll) /
 ROTATION_STEP_DEG``, with ``R = Ry(yaw) @ Rx(pitch) @ Rz(roll)`` (the order in which
@@ -114,6 +115,7 @@ def correlation(a: Tensor, b: Tensor, radius: int) -> Tensor:
     return torch.stack(taps, 1)
 
 
+# TEMPORARY-LEGACY
 class CorrelationPoseNet(nn.Module):
     """The reward estimator's pair network: siamese RGB features at half resolution, a cost
     volume of unit-length matching features over displacements up to ``radius`` feature pixels
@@ -139,25 +141,30 @@ class CorrelationPoseNet(nn.Module):
 
 
 class PyramidCorrelationNet(nn.Module):
-    """The eval estimator's pair network, different in input and structure from the reward's:
-    it sees luminance and its x/y gradients (no colour), and matches at two scales, a fine
-    volume (half resolution, radius 2) and a coarse one (quarter resolution, radius 3, reaching
-    12 pixels), merged coarse-to-fine by a CNN head. ``(prev, cur)`` -> ``[B, 14]``."""
+    """Pair network ``(prev, cur)`` ``[B, 3, 32, 32]`` each -> raw pose outputs ``[B, 14]``.
+
+    Siamese features at half and quarter resolution; at each scale a cost volume of unit-length
+    matching features (cosine similarities) over displacements up to the scale's radius; a CNN
+    head merges them coarse-to-fine with the first frame's features. ``colour`` selects the
+    input: RGB, or luminance and its x/y gradients (no colour at all).
+    """
 
     arch = "pyramid_correlation"
 
-    def __init__(self, resolution: int = 32) -> None:
+    def __init__(self, resolution: int = 32, *, colour: bool = False, fine_radius: int = 2,
+                 coarse_radius: int = 3) -> None:
         super().__init__()
-        self.resolution = resolution
+        self.resolution, self.colour = resolution, colour
+        self.fine_radius, self.coarse_radius = fine_radius, coarse_radius
         self.fine = nn.Sequential(_conv(3, 16), _conv(16, 24, 2))
         self.coarse = _conv(24, 32, 2)
         self.match_fine, self.match_coarse = nn.Conv2d(24, 8, 1), nn.Conv2d(32, 16, 1)
-        self.fine_body = _conv(25 + 24, 48, 2)
-        self.body = _conv(48 + 49 + 32, 64, 2)
+        self.fine_body = _conv((2 * fine_radius + 1) ** 2 + 24, 48, 2)
+        self.body = _conv(48 + (2 * coarse_radius + 1) ** 2 + 32, 64, 2)
         self.head = _pose_head(64, resolution // 8)
 
     @staticmethod
-    def _luma_gradients(x: Tensor) -> Tensor:
+    def luma_gradients(x: Tensor) -> Tensor:
         """RGB ``[B, 3, H, W]`` -> luminance, d/dx, d/dy ``[B, 3, H, W]``."""
         luma = (x * x.new_tensor([0.299, 0.587, 0.114])[:, None, None]).sum(1, keepdim=True)
         padded = F.pad(luma, (1, 1, 1, 1), mode="replicate")
@@ -167,17 +174,19 @@ class PyramidCorrelationNet(nn.Module):
 
     def forward(self, prev: Tensor, cur: Tensor) -> Tensor:
         n = prev.shape[0]
-        fine = self.fine(self._luma_gradients(torch.cat([prev, cur])))
+        x = torch.cat([prev, cur])
+        fine = self.fine(x if self.colour else self.luma_gradients(x))
         coarse = self.coarse(fine)
         f_prev, f_cur = F.normalize(self.match_fine(fine), dim=1).chunk(2)
         c_prev, c_cur = F.normalize(self.match_coarse(coarse), dim=1).chunk(2)
-        h = self.fine_body(torch.cat([correlation(f_prev, f_cur, 2), fine[:n]], 1))
-        h = self.body(torch.cat([h, correlation(c_prev, c_cur, 3), coarse[:n]], 1))
+        h = self.fine_body(torch.cat([correlation(f_prev, f_cur, self.fine_radius), fine[:n]], 1))
+        h = self.body(torch.cat([h, correlation(c_prev, c_cur, self.coarse_radius),
+                                 coarse[:n]], 1))
         return self.head(h)
 
 
-NETWORKS = {CorrelationPoseNet.arch: CorrelationPoseNet,
-            PyramidCorrelationNet.arch: PyramidCorrelationNet}
+NETWORKS = {PyramidCorrelationNet.arch: PyramidCorrelationNet,
+            CorrelationPoseNet.arch: CorrelationPoseNet}  # TEMPORARY-LEGACY
 
 
 class LearnedEstimator(nn.Module):
@@ -219,7 +228,7 @@ class LearnedEstimator(nn.Module):
 
 def build_estimator(meta: dict) -> LearnedEstimator:
     """An untrained estimator of the architecture described by ``meta``."""
-    net = NETWORKS[meta["arch"]](resolution=meta["resolution"])
+    net = NETWORKS[meta["arch"]](resolution=meta["resolution"], **meta.get("options", {}))
     return LearnedEstimator(net, translation_step=meta["translation_step"],
                             rotation_step_deg=meta["rotation_step_deg"])
 
