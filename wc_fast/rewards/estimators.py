@@ -115,31 +115,6 @@ def correlation(a: Tensor, b: Tensor, radius: int) -> Tensor:
     return torch.stack(taps, 1)
 
 
-# TEMPORARY-LEGACY
-class CorrelationPoseNet(nn.Module):
-    """The reward estimator's pair network: siamese RGB features at half resolution, a cost
-    volume of unit-length matching features over displacements up to ``radius`` feature pixels
-    (cosine similarities), and a CNN head over the volume and the first frame's features.
-    ``(prev, cur)`` ``[B, 3, 32, 32]`` each -> ``[B, 14]``."""
-
-    arch = "correlation"
-
-    def __init__(self, resolution: int = 32, radius: int = 3) -> None:
-        super().__init__()
-        self.resolution, self.radius = resolution, radius
-        self.encoder = nn.Sequential(_conv(3, 16), _conv(16, 24, 2))
-        self.match = nn.Conv2d(24, 12, 1)
-        taps = (2 * radius + 1) ** 2
-        self.body = nn.Sequential(_conv(taps + 24, 48, 2), _conv(48, 64, 2))
-        self.head = _pose_head(64, resolution // 8)
-
-    def forward(self, prev: Tensor, cur: Tensor) -> Tensor:
-        feats = self.encoder(torch.cat([prev, cur]))
-        m_prev, m_cur = F.normalize(self.match(feats), dim=1).chunk(2)
-        volume = correlation(m_prev, m_cur, self.radius)
-        return self.head(self.body(torch.cat([volume, feats[: prev.shape[0]]], 1)))
-
-
 class PyramidCorrelationNet(nn.Module):
     """Pair network ``(prev, cur)`` ``[B, 3, 32, 32]`` each -> raw pose outputs ``[B, 14]``.
 
@@ -185,8 +160,7 @@ class PyramidCorrelationNet(nn.Module):
         return self.head(h)
 
 
-NETWORKS = {PyramidCorrelationNet.arch: PyramidCorrelationNet,
-            CorrelationPoseNet.arch: CorrelationPoseNet}  # TEMPORARY-LEGACY
+NETWORKS = {PyramidCorrelationNet.arch: PyramidCorrelationNet}
 
 
 class LearnedEstimator(nn.Module):

@@ -33,10 +33,13 @@ from wc_fast.world import ROTATION_STEP_DEG, TRANSLATION_STEP, batch_seed, sampl
 from wc_fast.world.motion import action_components
 
 RECIPES = {
-    "reward": {"arch": "correlation", "model_seed": 11, "data_seed": 1000, "steps": 4000,
-               "batch": 12, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.5},
-    "eval": {"arch": "pyramid_correlation", "model_seed": 22, "data_seed": 2000, "steps": 4000,
-             "batch": 12, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.6},
+    "reward": {"arch": "pyramid_correlation", "model_seed": 11, "data_seed": 1000,
+               "steps": 5000, "batch": 12, "clip_frames": 8, "lr": 2e-3,
+               "composite_fraction": 0.5,
+               "options": {"colour": True, "fine_radius": 3, "coarse_radius": 2}},
+    "eval": {"arch": "pyramid_correlation", "model_seed": 22, "data_seed": 2000, "steps": 5000,
+             "batch": 12, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.6,
+             "options": {"colour": False, "fine_radius": 2, "coarse_radius": 3}},
     "critic": {"arch": "frame_cnn", "model_seed": 33, "data_seed": 3000, "steps": 1500,
                "batch": 40, "lr": 2e-3},
 }
@@ -113,7 +116,7 @@ def train(which: str, *, steps: int | None = None, out: str | None = None, threa
     torch.set_num_threads(threads)
     torch.manual_seed(recipe["model_seed"])
     meta = {"arch": recipe["arch"], "resolution": 32, "translation_step": TRANSLATION_STEP,
-            "rotation_step_deg": ROTATION_STEP_DEG}
+            "rotation_step_deg": ROTATION_STEP_DEG, "options": recipe.get("options", {})}
     if which == "critic":
         model, loss_fn, name = build_critic(meta), _critic_loss, CRITIC_ASSET
     else:
