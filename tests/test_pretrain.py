@@ -62,3 +62,14 @@ def test_ema_warmup_follows_the_live_model_early():
     assert torch.allclose(first, torch.full((3,), 1 - 2 / 11))
     late = update(avg, cur, torch.tensor(10_000))
     assert torch.allclose(late, torch.full((3,), 1 - 0.995))
+
+
+def test_held_out_loss_is_logged_every_eval_interval(tmp_path):
+    assert main([*SMALL, "--steps", "5", "--out", str(tmp_path),
+                 "--pretrain.eval_every", "2"]) == 0
+    records = [json.loads(line) for line in (tmp_path / "loss.jsonl").open()]
+    scored = [r["step"] for r in records if "held_out_ema" in r]
+    assert scored == [2, 4, 5]
+    for r in records:
+        if "held_out_ema" in r:
+            assert 0 < r["held_out_live"] < 10 and 0 < r["held_out_ema"] < 10

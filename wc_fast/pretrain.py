@@ -4,7 +4,8 @@ Teacher-forced and autoregressive over clips: every clip of a rendered sequence 
 given its clean history (seen at ``model.context_sigma``, with that much noise added), all
 clips in one masked forward (:meth:`TinyWorldDiT.teacher_forced_velocity`). Sequences come
 from the synthetic world with mostly basic actions (``pretrain.composite_fraction``), so the
-base model follows single keys far better than combinations, like WorldPlay.
+base model follows single keys far better than combinations, like WorldPlay. Every
+``pretrain.eval_every`` steps the live and EMA models are scored on a fixed held-out batch.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from wc_fast import config as config_lib
 from wc_fast.cli import parse_run_args
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import export_world_model
-from wc_fast.runtime import generator, resolve_device
+from wc_fast.runtime import generator, resolve_device, stream_seed
 from wc_fast.world import batch_seed, sample_sequences
 
 # fields that may change between an interrupted run and its resumption
@@ -81,6 +82,23 @@ def ema_with_warmup(decay: float):
     return update
 
 
+@torch.no_grad()
+def held_out_losses(models: dict[str, TinyWorldDiT], cfg: config_lib.Config,
+                    device: torch.device) -> dict[str, float]:
+    """Flow-matching loss of each of ``models`` on one fixed batch that training never draws
+    (its own world seed and noise stream), so values at different steps are comparable."""
+    pt = cfg.pretrain
+    batch = sample_sequences(pt.batch_size, num_clips=pt.num_clips,
+                             seed=stream_seed(pt.seed, "held_out"),
+                             composite_fraction=pt.composite_fraction,
+                             clip_frames=cfg.model.clip_frames,
+                             resolution=cfg.model.resolution)
+    frames, actions = batch.frames.to(device), batch.actions.to(device)
+    return {name: flow_matching_loss(model, frames, actions, shift=cfg.rollout.shift,
+                                     gen=generator(pt.seed, "held_out", device=device)).item()
+            for name, model in models.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     run = parse_run_args("python -m wc_fast.pretrain", "Pretrain the embedded world model.",
                          argv, steps_field="pretrain.steps", out_field="pretrain.out")
@@ -128,7 +146,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         optimizer.step()
         schedule.step()
         ema.update_parameters(model)
-        log.append({"step": step + 1, "loss": loss.item(), "lr": schedule.get_last_lr()[0]})
+        record = {"step": step + 1, "loss": loss.item(), "lr": schedule.get_last_lr()[0]}
+        if (step + 1) % pt.eval_every == 0 or step + 1 == pt.steps:
+            held_out = held_out_losses({"live": model, "ema": ema.module}, cfg, device)
+            record.update({f"held_out_{k}": v for k, v in held_out.items()})
+            bar.write(f"step {step + 1}: held-out loss live {held_out['live']:.4f}, "
+                      f"EMA {held_out['ema']:.4f}")
+        log.append(record)
         bar.set_postfix(loss=f"{loss.item():.4f}")
         if (step + 1) % pt.ckpt_every == 0 or step + 1 == pt.steps:
             checkpoint.save(out, step + 1, models={"model": model, "ema": ema},
@@ -139,7 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     card = {"steps": pt.steps, "batch_size": pt.batch_size, "num_clips": pt.num_clips,
             "composite_fraction": pt.composite_fraction, "seed": pt.seed, "lr": pt.lr,
             "wall_seconds_this_run": round(wall, 1), "device": str(device),
-            "final_loss": log[-1]["loss"] if log else None}
+            "final_loss": log[-1]["loss"] if log else None,
+            "held_out_loss_ema": log[-1].get("held_out_ema") if log else None}
     path = export_world_model(ema.module, out / "base_model.safetensors", card)
     (out / "loss.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     print(f"exported the EMA weights to {path} ({wall / 60:.1f} min this run)")
