@@ -74,6 +74,17 @@ def test_impossible_values_name_the_field(path, value, match):
         C.validate(cfg)
 
 
+@pytest.mark.parametrize("path,value", [("rollout.capture", "cuda_graph"),
+                                        ("nft.context_kv", "recompute_grad")])
+def test_fsdp2_refuses_what_it_cannot_shard(path, value):
+    cfg = C.preset("paper")
+    C.apply_override(cfg, "train.distributed", "fsdp2")
+    C.validate(cfg)
+    C.apply_override(cfg, path, value)
+    with pytest.raises(ValueError, match=path):
+        C.validate(cfg)
+
+
 def test_unknown_preset_and_fields():
     with pytest.raises(ValueError, match="unknown preset 'fast'"):
         C.preset("fast")

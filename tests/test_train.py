@@ -62,14 +62,29 @@ def _rank(rank: int, world: int, port: int, args: list[str]) -> None:
     main(args)
 
 
-def test_two_gloo_ranks_equal_one_process_over_the_same_groups(tmp_path):
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
+def test_two_gloo_ranks_equal_one_process_over_the_same_groups(tmp_path, mode):
     common = [*SMOKE, "--steps", "2", "--reward.std", "global"]
     one, two = tmp_path / "one", tmp_path / "two"
     assert main([*common, "--out", str(one), "--rollout.groups_per_rank", "2"]) == 0
     mp.spawn(_rank, args=(2, _free_port(), [*common, "--out", str(two),
-                                            "--rollout.groups_per_rank", "1"]),
+                                            "--rollout.groups_per_rank", "1",
+                                            "--train.distributed", mode]),
              nprocs=2, join=True)
     _assert_same(_final_weights(one), _final_weights(two), atol=1e-5)
+    if mode == "fsdp2":
+        saved = load_file(checkpoint.latest(two) / "old.safetensors")
+        _assert_same(load_file(checkpoint.latest(one) / "old.safetensors"), saved, atol=1e-5)
+
+
+def test_fsdp2_run_resumes_exactly(tmp_path):
+    args = [*SMOKE, "--steps", "3", "--out", str(tmp_path), "--train.keep_last", "3",
+            "--train.distributed", "fsdp2"]
+    mp.spawn(_rank, args=(2, _free_port(), args), nprocs=2, join=True)
+    uninterrupted = _final_weights(tmp_path)
+    shutil.rmtree(checkpoint.latest(tmp_path))
+    mp.spawn(_rank, args=(2, _free_port(), [*args, "--resume"]), nprocs=2, join=True)
+    _assert_same(uninterrupted, _final_weights(tmp_path))
 
 
 def test_resume_refuses_another_config_and_damaged_checkpoints(tmp_path):

@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from wc_fast.distributed import full_state_dict, load_full_state_dict
 
 PREFIX = "step_"
 
@@ -55,13 +58,20 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+def _weights(model: nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if isinstance(model, Mapping):
+        return {k: v.detach().cpu().contiguous() for k, v in model.items()}
+    return full_state_dict(model)
 
 
-def save(directory: str | os.PathLike, step: int, *, models: dict[str, nn.Module],
+def save(directory: str | os.PathLike, step: int, *,
+         models: dict[str, nn.Module | Mapping[str, torch.Tensor]],
          config: dict, state: dict, keep_last: int = 2) -> Path:
-    """Write checkpoint ``step`` atomically under ``directory``; prune to ``keep_last``."""
+    """Write checkpoint ``step`` atomically under ``directory``; prune to ``keep_last``.
+
+    ``models`` maps a name to a module or to its already gathered weights (what
+    :func:`wc_fast.distributed.full_state_dict` returns for a sharded model).
+    """
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:08d}"
@@ -109,9 +119,7 @@ def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
     try:
         meta = json.loads((path / "meta.json").read_text())
         for name, model in models.items():
-            weights = load_file(path / f"{name}.safetensors")
-            device = next(model.parameters()).device
-            model.load_state_dict({k: v.to(device) for k, v in weights.items()})
+            load_full_state_dict(model, load_file(path / f"{name}.safetensors"))
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     except CheckpointError:
         raise

@@ -380,7 +380,14 @@ def validate(cfg: Config) -> None:
              pt.composite_fraction)
     _require(bool(pt.out), "pretrain.out", "a non-empty path", pt.out)
     _choices("train.device", tr.device, ("auto", "cpu", "cuda"))
-    _choices("train.distributed", tr.distributed, ("ddp",))
+    _choices("train.distributed", tr.distributed, ("ddp", "fsdp2"))
+    if tr.distributed == "fsdp2":
+        _choices("rollout.capture (with train.distributed fsdp2)", ro.capture,
+                 ("auto", "eager"))
+        # micro-batches backpropagate through one cache graph several times, which FSDP2's
+        # per-backward reshard frees
+        _choices("nft.context_kv (with train.distributed fsdp2)", nf.context_kv,
+                 ("recompute", "reuse"))
     _require(bool(tr.out), "train.out", "a non-empty path", tr.out)
     _require(bool(tr.init), "train.init", "'base', 'random' or a weights path", tr.init)
     _require(tr.eval_sequences >= 1, "train.eval_sequences", "an integer >= 1",

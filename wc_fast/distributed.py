@@ -1,12 +1,20 @@
-"""Process-group setup for ``torchrun``: NCCL on GPUs, gloo on CPUs."""
+"""Process-group setup for ``torchrun`` (NCCL on GPUs, gloo on CPUs) and FSDP2 sharding."""
 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict,
+                                                     set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
 
 
 @dataclass(slots=True)
@@ -37,3 +45,80 @@ def init_from_env(device_kind: str) -> DistInfo:
 def shutdown(info: DistInfo) -> None:
     if info.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()
+
+
+# Forward-like TinyWorldDiT methods: FSDP2 gathers the parameters around these as it does
+# around ``forward``.
+FSDP_FORWARD_METHODS = ("velocity", "extend_cache", "teacher_forced_velocity",
+                        "build_cache_parallel")
+
+
+def shard_model(model: nn.Module, group: dist.ProcessGroup, device_type: str) -> nn.Module:
+    """Shard ``model`` across the ranks of ``group`` with FSDP2 (``fully_shard``), in place.
+
+    Each block is its own unit and the root holds the rest. Parameters are resharded after
+    every forward (the rollout model is only ever run without gradient), and gradients are
+    summed, not averaged, over ranks: the trainer already divides each rank's loss by the
+    global item count, exactly as the DDP path does.
+    """
+    # a block returns its keys/values (views) for the context cache, which only ever
+    # concatenates them, never writes them in place: FSDP2's warning about views is moot here
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    mesh = DeviceMesh.from_group(group, device_type)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+    for name in FSDP_FORWARD_METHODS:
+        register_fsdp_forward_method(model, name)
+    for unit in model.modules():
+        if isinstance(unit, FSDPModule):
+            # these settings are per unit, not inherited from the root
+            unit.set_gradient_divide_factor(1.0)
+            # gloo has no pre-multiplied sum; a plain sum is the same reduction at factor 1
+            unit.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights as plain CPU tensors.
+
+    For an FSDP2 model this is a collective (every rank must call it) and only rank 0 gets the
+    tensors; the others get an empty dict.
+    """
+    if is_sharded(model):
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                    cpu_offload=True))
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+
+
+def load_full_state_dict(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Load whole-model weights (as :func:`full_state_dict` returns them) on every rank."""
+    if is_sharded(model):
+        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+        return
+    device = next(model.parameters()).device
+    model.load_state_dict({k: v.to(device) for k, v in weights.items()})
+
+
+def optimizer_state(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> object:
+    """The optimizers' state for a checkpoint: their ``state_dict()`` list, or for an FSDP2
+    model one full (unsharded) state keyed by parameter name (a collective; rank 0 gets it)."""
+    if is_sharded(model):
+        return get_optimizer_state_dict(model, optimizers, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
+    return [opt.state_dict() for opt in optimizers]
+
+
+def load_optimizer_state(model: nn.Module, optimizers: list[torch.optim.Optimizer],
+                         state: object) -> None:
+    """Restore what :func:`optimizer_state` returned, on every rank."""
+    if is_sharded(model):
+        set_optimizer_state_dict(model, optimizers, state,
+                                 options=StateDictOptions(full_state_dict=True))
+        return
+    for opt, saved in zip(optimizers, state, strict=True):
+        opt.load_state_dict(saved)

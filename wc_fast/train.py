@@ -22,7 +22,8 @@ from tqdm import tqdm
 from wc_fast import checkpoint
 from wc_fast import config as config_lib
 from wc_fast.cli import parse_run_args
-from wc_fast.distributed import init_from_env, shutdown
+from wc_fast.distributed import (full_state_dict, init_from_env, load_optimizer_state,
+                                 optimizer_state, shutdown)
 from wc_fast.metrics import MetricsLog, matmul_flops, plot_rewards
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
@@ -64,11 +65,15 @@ def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
     return row
 
 
-def _save(trainer: Trainer, cfg: config_lib.Config, step: int) -> Path:
-    return checkpoint.save(cfg.train.out, step, models={"model": trainer.model,
-                                                        "old": trainer.old},
-                           config=config_lib.to_dict(cfg), keep_last=cfg.train.keep_last,
-                           state={"optimizers": [o.state_dict() for o in trainer.optimizers]})
+def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool) -> None:
+    """Rank 0 writes the checkpoint; under FSDP2 every rank first helps gather it."""
+    if not (is_main or trainer.sharded):
+        return
+    models = {"model": full_state_dict(trainer.model), "old": full_state_dict(trainer.old)}
+    state = {"optimizers": optimizer_state(trainer.model, trainer.optimizers)}
+    if is_main:
+        checkpoint.save(cfg.train.out, step, models=models, config=config_lib.to_dict(cfg),
+                        keep_last=cfg.train.keep_last, state=state)
 
 
 def _resume(trainer: Trainer, cfg: config_lib.Config) -> int:
@@ -79,12 +84,12 @@ def _resume(trainer: Trainer, cfg: config_lib.Config) -> int:
     if diffs:
         raise checkpoint.CheckpointError(f"checkpoint {ckpt.path} was written with another "
                                          "config: " + "; ".join(diffs))
-    for opt, state in zip(trainer.optimizers, ckpt.state["optimizers"], strict=True):
-        opt.load_state_dict(state)
+    load_optimizer_state(trainer.model, trainer.optimizers, ckpt.state["optimizers"])
     return ckpt.step
 
 
-def summary(cfg: config_lib.Config, trainer: Trainer, console: Console) -> dict:
+def summary(cfg: config_lib.Config, trained: TinyWorldDiT, device: torch.device,
+            console: Console) -> dict:
     """Base vs trained evaluation (eval estimator, not the reward one) and a rollout grid."""
     from wc_fast.eval import EvalSettings, evaluate, save_grid
     from wc_fast.rewards import load_estimator
@@ -92,9 +97,9 @@ def summary(cfg: config_lib.Config, trainer: Trainer, console: Console) -> dict:
     settings = EvalSettings.from_config(cfg, sequences=cfg.train.eval_sequences,
                                         clips=cfg.train.eval_clips)
     estimator = load_estimator("eval", device="cpu")
-    base = initial_model(cfg, trainer.device).eval()
+    base = initial_model(cfg, device).eval()
     results = {"base": evaluate(base, settings, estimator=estimator),
-               "trained": evaluate(trainer.model.eval(), settings, estimator=estimator,
+               "trained": evaluate(trained.eval(), settings, estimator=estimator,
                                    keep_frames=True)}
     frames = results["trained"].pop("_frames")
     table = Table(title=f"base vs trained ({settings.sequences} sequences x "
@@ -143,15 +148,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if log is not None:
             log.append(row)
         if (step + 1) % cfg.train.ckpt_every == 0 or step + 1 == cfg.train.steps:
-            if info.is_main:
-                _save(trainer, cfg, step + 1)
+            _save(trainer, cfg, step + 1, info.is_main)
+            if log is not None:
                 plot_rewards(log.rows, out / "rewards.png")
-    if info.is_main and log is not None and log.rows:
+    if log is not None and log.rows:
         skipped = sum(r["skipped_groups"] for r in log.rows)
         console.print(f"done: {len(log.rows)} iterations, {skipped} all-equal groups skipped, "
                       f"reward curves in {out / 'rewards.png'}")
-        if cfg.train.eval_at_end:
-            summary(cfg, trainer, console)
+    if cfg.train.eval_at_end:
+        trained = trainer.unsharded_model()
+        if trained is not None:
+            summary(cfg, trained, device, console)
     shutdown(info)
     return 0
 

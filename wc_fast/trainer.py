@@ -23,6 +23,7 @@ from torch import Tensor
 
 from kernels import flow_noise, nft_loss
 from wc_fast.config import Config
+from wc_fast.distributed import full_state_dict, shard_model
 from wc_fast.ema import ema_decay, ema_update
 from wc_fast.models import ContextCache, TinyWorldDiT
 from wc_fast.nft import optimality, select_extremes
@@ -76,11 +77,16 @@ class Trainer:
         self.cfg = cfg
         self.device = device
         self.rank, self.world_size, self.process_group = rank, world_size, process_group
+        self.sharded = cfg.train.distributed == "fsdp2" and world_size > 1
         self.model = model.to(device).train()
         self.old = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if self.sharded:
+            shard_model(self.model, process_group, device.type)
+            shard_model(self.old, process_group, device.type)
         self.optimizers = build_optimizers(self.model, cfg.optim)
         ro = cfg.rollout
-        self.sampler = ClipSampler(self.old, steps=ro.steps, shift=ro.shift, capture=ro.capture,
+        capture = "eager" if self.sharded else ro.capture
+        self.sampler = ClipSampler(self.old, steps=ro.steps, shift=ro.shift, capture=capture,
                                    exploration=ro.exploration, sde_noise=ro.sde_noise)
         self.sigmas = sigma_schedule(ro.steps, ro.shift)[:-1]
         self.estimator = load_estimator("reward", device=device)
@@ -243,8 +249,9 @@ class Trainer:
         return float(t.item())
 
     def _all_reduce_grads(self) -> None:
-        """Sum gradients over ranks (each rank's loss is already divided by the global count)."""
-        if self.world_size == 1:
+        """Sum gradients over ranks (each rank's loss is already divided by the global count);
+        FSDP2 has already reduce-scattered them."""
+        if self.world_size == 1 or self.sharded:
             return
         params = [p for p in self.model.parameters() if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -253,6 +260,18 @@ class Trainer:
         for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, grads),
                         strict=True):
             p.grad = g
+
+    def unsharded_model(self) -> TinyWorldDiT | None:
+        """The current model as one plain module on rank 0 (``None`` elsewhere); a collective
+        under FSDP2, where every rank must call it."""
+        if not self.sharded:
+            return self.model
+        weights = full_state_dict(self.model)
+        if self.rank != 0:
+            return None
+        model = TinyWorldDiT(self.cfg.model).to(self.device)
+        model.load_state_dict(weights)
+        return model
 
     # -- the iteration --------------------------------------------------------------------------
 
