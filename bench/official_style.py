@@ -8,7 +8,8 @@ updates as :class:`wc_fast.trainer.Trainer`, but with the official execution str
 - rewards per candidate, labels from poses by a per-frame Python loop;
 - one forward/backward per (candidate, sigma) item at batch 1, each recomputing the history
   context; the old model's prediction is computed and then replaced by the current model's
-  detached prediction; eager reference loss; an optimizer step every 2 candidates.
+  detached prediction; eager reference loss; an optimizer step every
+  ``2 * keep / updates_per_iteration`` candidates (every 2 with the official constants).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class OfficialStyleIteration:
         kept = select_extremes(adv, nf.keep)
         k_sig = math.ceil(nf.timestep_fraction * len(self.sigmas))
         ctx = self.model.cfg.context_sigma
+        per_update = math.ceil(kept.shape[1] / cfg.optim.updates_per_iteration)
         for b, (history, history_actions, candidates, clip_actions) in enumerate(groups):
             gen = generator(cfg.train.seed, step, b, "official-noise")
             for n_done, c in enumerate(kept[b].tolist(), start=1):
@@ -138,7 +140,7 @@ class OfficialStyleIteration:
                                               r[b, c:c + 1].float(), beta=nf.beta, sigma=sigma,
                                               space=nf.loss_space)
                     (loss / (2 * k_sig)).backward()
-                if n_done % 2 == 0 or n_done == len(kept[b]):
+                if n_done % per_update == 0 or n_done == len(kept[b]):
                     for opt in self.optimizers:
                         opt.step()
                         opt.zero_grad(set_to_none=True)
