@@ -44,7 +44,7 @@ def test_batched_candidates_equal_separate_forwards_with_own_cache_copies():
         batched = model.velocity(x, sigma, clip_actions, cache)
         for i in range(g):
             own = ContextCache([k.clone() for k in cache.keys], [v.clone() for v in cache.values],
-                               cache.num_frames, cache.signature)
+                               cache.num_frames, cache.signature, cache.last_frame.clone())
             single = model.velocity(x[i:i + 1], sigma[i:i + 1], clip_actions[i:i + 1], own)
             torch.testing.assert_close(batched[i:i + 1], single, rtol=1e-10, atol=1e-10)
 
@@ -171,3 +171,14 @@ def test_teacher_forced_velocity_equals_cached_velocity_per_clip():
                 want = model.velocity(x_t[row:row + 1, clip], sigma[row:row + 1, j],
                                       actions[row:row + 1, clip], cache)
                 torch.testing.assert_close(tf[row:row + 1, clip], want, rtol=1e-9, atol=1e-9)
+
+
+def test_reference_frame_of_each_history_frame_is_the_last_frame_before_its_chunk():
+    model = _model()
+    f = model.clip_frames
+    # frame i holds the value i + 1
+    frames = torch.arange(1, 2 + 2 * f, dtype=torch.float64)[None, :, None, None, None].expand(
+        1, -1, 3, 16, 16)
+    ref = model._sequence_reference(frames)[0, :, 0, 0, 0]
+    # zeros for the prompt; clip 1 refers to the prompt (frame 0), clip 2 to frame f
+    assert ref.tolist() == [0.0] + [1.0] * f + [float(f + 1)] * f

@@ -18,7 +18,13 @@ PRESETS = ("paper", "official", "cpu", "smoke")
 
 @dataclass(slots=True)
 class ModelConfig:
-    """The world model: frame size, clip length and transformer sizes."""
+    """The world model: frame size, clip length and transformer sizes.
+
+    ``reference_frame``: every frame of a chunk also receives, concatenated to its channels,
+    the last frame before the chunk (image-to-video style conditioning), so that reproducing
+    and shifting the previous view is local work for each token instead of a copy through
+    attention.
+    """
 
     resolution: int = 32
     channels: int = 3
@@ -29,6 +35,7 @@ class ModelConfig:
     heads: int = 6
     context_sigma: float = 0.014
     dtype: str = "float32"
+    reference_frame: bool = True
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 from torch import Tensor
+from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
 from wc_fast import checkpoint
@@ -63,16 +64,23 @@ class EvalSettings:
 
 
 def load_checkpoint_model(path: str | Path | None, device: torch.device) -> TinyWorldDiT:
-    """The shipped base model (None), an exported ``.safetensors``, or a training checkpoint dir."""
+    """The shipped base model (None), an exported ``.safetensors``, or a checkpoint directory:
+    of ``wc_fast.train`` (its current model) or of ``wc_fast.pretrain`` (its EMA weights, which
+    are what pretraining exports)."""
     if path is None:
         return load_world_model(BASE_WEIGHTS, device=device)
     path = Path(path)
     if path.is_dir():
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"{path} holds no meta.json: not a wc_fast checkpoint")
-        cfg = config_lib.from_dict(json.loads((path / "meta.json").read_text())["config"])
-        model = TinyWorldDiT(cfg.model).to(device)
-        checkpoint.load(path, models={"model": model}, restore_rng=False)
+        meta = json.loads((path / "meta.json").read_text())
+        model = TinyWorldDiT(config_lib.from_dict(meta["config"]).model).to(device)
+        if "ema" in meta["models"]:
+            ema = AveragedModel(model, use_buffers=True)
+            checkpoint.load(path, models={"ema": ema}, restore_rng=False)
+            model = ema.module
+        else:
+            checkpoint.load(path, models={"model": model}, restore_rng=False)
         return model.eval()
     return load_world_model(path, device=device)
 

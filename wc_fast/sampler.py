@@ -155,15 +155,15 @@ class ClipSampler:
             x = step(x, torch.full((num,), s, device=device), torch.full((), s, device=device),
                      torch.full((), s_next - s, device=device), torch.full((), std, device=device),
                      actions, cache.keys, cache.values, cache.num_frames, cache.signature,
-                     step_noise[i] if stochastic else None)
+                     cache.last_frame, step_noise[i] if stochastic else None)
         return x
 
     def _step(self, x: Tensor, sigma: Tensor, s: Tensor, dt: Tensor, std: Tensor,
               actions: Tensor, keys: list[Tensor], values: list[Tensor], num_frames: int,
-              signature: tuple, eps: Tensor | None) -> Tensor:
+              signature: tuple, last_frame: Tensor | None, eps: Tensor | None) -> Tensor:
         """One Euler step, or a Flow-GRPO SDE step when ``eps`` is given, from ``s`` by ``dt``."""
         cache = ContextCache(keys=keys, values=values, num_frames=num_frames,
-                             signature=signature)
+                             signature=signature, last_frame=last_frame)
         v = self.model.velocity(x, sigma, actions, cache)
         if eps is None:
             return x + dt * v
@@ -183,9 +183,11 @@ class _CapturedLoop:
         self.noise = noise.clone()
         self.keys = [k.clone() for k in cache.keys]
         self.values = [v.clone() for v in cache.values]
+        self.last_frame = None if cache.last_frame is None else cache.last_frame.clone()
         self.actions = actions.clone()
         self.step_noise = None if step_noise is None else step_noise.clone()
-        self.cache = ContextCache(self.keys, self.values, cache.num_frames, cache.signature)
+        self.cache = ContextCache(self.keys, self.values, cache.num_frames, cache.signature,
+                                  self.last_frame)
         run = lambda: sampler._loop(sampler._step, self.noise, self.cache,  # noqa: E731
                                     self.actions, self.step_noise)
         side = torch.cuda.Stream()
@@ -203,6 +205,8 @@ class _CapturedLoop:
         self.noise.copy_(noise)
         for dst, src in zip(self.keys + self.values, cache.keys + cache.values, strict=True):
             dst.copy_(src)
+        if self.last_frame is not None:
+            self.last_frame.copy_(cache.last_frame)
         self.actions.copy_(actions)
         if step_noise is not None:
             self.step_noise.copy_(step_noise)

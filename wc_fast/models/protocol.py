@@ -14,13 +14,15 @@ class ContextCache:
 
     ``keys[i]``, ``values[i]``: layer ``i``'s ``[1, H, P, Dh]`` (``P`` history tokens, already
     position-encoded). ``num_frames``: history frames, the position of the next frame.
-    ``signature``: the sizes of the model that built it, checked on use.
+    ``signature``: the sizes of the model that built it, checked on use. ``last_frame``: the
+    last history frame ``[1, C, H, W]`` (``None`` when empty), the next clip's reference frame.
     """
 
     keys: list[Tensor] = field(default_factory=list)
     values: list[Tensor] = field(default_factory=list)
     num_frames: int = 0
     signature: tuple = ()
+    last_frame: Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

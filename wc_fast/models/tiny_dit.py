@@ -122,11 +122,14 @@ class TinyWorldDiT(nn.Module):
         self.tokens_per_frame = self.grid * self.grid
         self.attention_backend = attention_backend
         patch_dim = cfg.channels * cfg.patch * cfg.patch
-        self.patch_embed = nn.Linear(patch_dim, cfg.dim)
+        self.patch_embed = nn.Linear(patch_dim * (2 if cfg.reference_frame else 1), cfg.dim)
         self.sigma_mlp = nn.Sequential(nn.Linear(256, cfg.dim), nn.SiLU(),
                                        nn.Linear(cfg.dim, cfg.dim))
         self.action_embed = nn.Embedding(NUM_ACTIONS + 1, cfg.dim)
-        nn.init.normal_(self.action_embed.weight, std=0.02)
+        # unit scale, like nn.Embedding's default: at GPT-style 0.02 the actions are drowned by
+        # the sigma embedding they are added to and have no measurable effect on the
+        # prediction for the first few hundred steps of pretraining
+        nn.init.normal_(self.action_embed.weight, std=1.0)
         self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads) for _ in range(cfg.depth))
         self.final_modulation = nn.Linear(cfg.dim, 2 * cfg.dim)
         self.out = nn.Linear(cfg.dim, patch_dim)
@@ -202,7 +205,7 @@ class TinyWorldDiT(nn.Module):
         tokens = batch * self.clip_frames * self.tokens_per_frame
         keys = prefix_tokens + self.clip_frames * self.tokens_per_frame
         per_layer = 24 * c.dim**2 * tokens + 4 * c.dim * tokens * keys
-        io = 4 * tokens * c.dim * c.channels * c.patch**2
+        io = (6 if c.reference_frame else 4) * tokens * c.dim * c.channels * c.patch**2
         return float(c.depth * per_layer + io)
 
     # -- history ------------------------------------------------------------------------------
@@ -256,10 +259,12 @@ class TinyWorldDiT(nn.Module):
         actions[:, 0] = PROMPT_ACTION
         chunk = self._chunk_ids(frames.shape[1], frames.device)
         attend = self._masked_attend(chunk[:, None] >= chunk[None, :])
-        sig = torch.full((1,), float(sigma), device=frames.device)
-        _, keys, values = self._run(frames, sig, actions, self.empty_cache(), attend=attend)
+        sig = torch.full((1,), float(sigma), device=frames.device,
+                         dtype=_acc(self.patch_embed.weight.dtype))
+        _, keys, values = self._run(frames, sig, actions, self.empty_cache(), attend=attend,
+                                    reference=self._sequence_reference(frames))
         return ContextCache(keys=keys, values=values, num_frames=frames.shape[1],
-                            signature=self.signature)
+                            signature=self.signature, last_frame=frames[:, -1])
 
     def teacher_forced_velocity(self, frames: Tensor, actions: Tensor, x_t: Tensor,
                                 sigma: Tensor, *, context_sigma: float) -> Tensor:
@@ -297,8 +302,13 @@ class TinyWorldDiT(nn.Module):
         sees_noisy = torch.cat([torch.zeros(total, total - 1, dtype=torch.bool, device=device),
                                 noisy[:, None] == noisy[None, :]])
         attend = self._masked_attend(torch.cat([sees_clean, sees_noisy], dim=1))
+        reference = self._sequence_reference(frames)
+        if reference is not None:
+            # noisy clip j refers to the last frame before it, as clean clip j does
+            reference = torch.cat([reference, reference[:, 1:]], dim=1)
         out, _, _ = self._run(torch.cat([frames, x_t], dim=1), all_sigma, all_actions,
-                              self.empty_cache(), attend=attend, positions=positions)
+                              self.empty_cache(), attend=attend, positions=positions,
+                              reference=reference)
         return out[:, total:]
 
     def _chunk_ids(self, frames: int, device: torch.device) -> Tensor:
@@ -319,8 +329,10 @@ class TinyWorldDiT(nn.Module):
 
     def _append_chunk(self, cache: ContextCache, frames: Tensor, actions: Tensor,
                       sigma: float) -> ContextCache:
-        sig = torch.full((1,), float(sigma), device=frames.device)
-        _, keys, values = self._run(frames, sig, actions, cache)
+        sig = torch.full((1,), float(sigma), device=frames.device,
+                         dtype=_acc(self.patch_embed.weight.dtype))
+        _, keys, values = self._run(frames, sig, actions, cache,
+                                    reference=self._cache_reference(cache, frames))
         if cache.keys:
             keys = [torch.cat([old, new], dim=2) for old, new in zip(cache.keys, keys,
                                                                      strict=True)]
@@ -328,7 +340,7 @@ class TinyWorldDiT(nn.Module):
                                                                        strict=True)]
         return ContextCache(keys=keys, values=values,
                             num_frames=cache.num_frames + frames.shape[1],
-                            signature=self.signature)
+                            signature=self.signature, last_frame=frames[:, -1])
 
     # -- prediction ---------------------------------------------------------------------------
 
@@ -348,17 +360,38 @@ class TinyWorldDiT(nn.Module):
             raise ValueError(f"sigma must be a tensor of shape [{b}], got "
                              f"{tuple(sigma.shape) if isinstance(sigma, Tensor) else sigma!r}")
         actions = self._check_actions(actions, b, f)
-        out, _, _ = self._run(x_t, sigma, actions, cache)
+        out, _, _ = self._run(x_t, sigma, actions, cache,
+                              reference=self._cache_reference(cache, x_t))
         return out
 
+    def _cache_reference(self, cache: ContextCache, frames: Tensor) -> Tensor | None:
+        """Reference frames ``[1, F, C, H, W]`` for a chunk that follows ``cache``: its last
+        frame repeated (zeros after an empty cache); ``None`` without reference frames."""
+        if not self.cfg.reference_frame:
+            return None
+        f = frames.shape[1]
+        if cache.last_frame is None:
+            return frames.new_zeros(1, f, *frames.shape[2:])
+        return cache.last_frame.to(frames.dtype)[:, None].expand(1, f, *frames.shape[2:])
+
+    def _sequence_reference(self, frames: Tensor) -> Tensor | None:
+        """Reference frames of a whole history ``[B, T, C, H, W]`` (prompt first): zeros for
+        the prompt, the previous chunk's last frame for every frame of a clip."""
+        if not self.cfg.reference_frame:
+            return None
+        f, t = self.clip_frames, frames.shape[1]
+        index = ((torch.arange(1, t, device=frames.device) - 1) // f) * f
+        return torch.cat([torch.zeros_like(frames[:, :1]), frames[:, index]], dim=1)
+
     def _run(self, frames: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache,
-             attend=None, positions: Tensor | None = None
+             attend=None, positions: Tensor | None = None, reference: Tensor | None = None
              ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Run all blocks on one chunk per row against the shared history in ``cache``.
 
         ``sigma`` ``[B]`` or per frame ``[B, F]``. ``attend(q, k, v)`` replaces the
         shared-prefix attention and ``positions`` ``[F]`` the frame positions when given
-        (masked whole-sequence variants).
+        (masked whole-sequence variants). ``reference`` ``[B or 1, F, C, H, W]``: each frame's
+        reference frame, concatenated channel-wise (models with ``reference_frame``).
         """
         b, f = frames.shape[:2]
         device = frames.device
@@ -368,7 +401,11 @@ class TinyWorldDiT(nn.Module):
         param_dtype = self.patch_embed.weight.dtype
         cond = self._conditioning(sigma.to(param_dtype), actions)
         with self._autocast(device):
-            x = self.patch_embed(self.patchify(frames.to(param_dtype)))
+            tokens = self.patchify(frames.to(param_dtype))
+            if reference is not None:
+                ref = self.patchify(reference.to(param_dtype)).expand(b, -1, -1)
+                tokens = torch.cat([tokens, ref], dim=-1)
+            x = self.patch_embed(tokens)
             keys, values = [], []
             for i, block in enumerate(self.blocks):
                 x, k, v = block(x, cond, angles, attend or self._prefix_attend(cache, i, x))
