@@ -181,14 +181,15 @@ def _cpu() -> Config:
     cfg = Config(preset="cpu")
     cfg.model.patch = 8
     cfg.model.depth = 4
-    cfg.pretrain.steps = 1500
+    cfg.pretrain.steps = 6000
     cfg.rollout.group_size = 8
     cfg.rollout.num_clips = 3
     cfg.rollout.steps = 10
     cfg.reward.trans_thresholds = (0.08, 0.12)
     cfg.reward.rot_threshold_deg = 2.0
     cfg.optim.lr = 1e-4
-    cfg.train.steps = 30
+    cfg.train.steps = 300
+    cfg.train.eval_sequences = 16
     return cfg
 
 
