@@ -41,6 +41,15 @@ def test_resume_refuses_another_config(tmp_path):
               "--pretrain.lr", "0.1"])
 
 
+def test_resume_ignores_settings_pretraining_does_not_read(tmp_path):
+    assert main([*SMALL, "--steps", "1", "--out", str(tmp_path)]) == 0
+    assert main([*SMALL, "--steps", "2", "--out", str(tmp_path), "--resume",
+                 "--train.steps", "7", "--reward.lam", "0.5", "--rollout.group_size", "12"]) == 0
+    with pytest.raises(checkpoint.CheckpointError, match="rollout.shift"):
+        main([*SMALL, "--steps", "3", "--out", str(tmp_path), "--resume",
+              "--rollout.shift", "2.0"])
+
+
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint found"):
         main([*SMALL, "--steps", "1", "--out", str(tmp_path / "empty"), "--resume"])

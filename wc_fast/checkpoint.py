@@ -131,7 +131,10 @@ def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
 
 
 def config_mismatch(saved: dict, current: dict, ignore: tuple[str, ...] = ()) -> list[str]:
-    """``section.field`` names whose values differ between two config dicts (JSON-normalised)."""
+    """``section.field`` names whose values differ between two config dicts (JSON-normalised).
+
+    ``ignore`` holds ``section.field`` names or whole ``section`` names.
+    """
     saved, current = json.loads(json.dumps(saved)), json.loads(json.dumps(current))
     diffs = []
     for section in sorted(set(saved) | set(current)):
@@ -139,7 +142,7 @@ def config_mismatch(saved: dict, current: dict, ignore: tuple[str, ...] = ()) ->
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b)):
                 name = f"{section}.{key}"
-                if name not in ignore and a.get(key) != b.get(key):
+                if section not in ignore and name not in ignore and a.get(key) != b.get(key):
                     diffs.append(f"{name}: checkpoint {a.get(key)!r} vs now {b.get(key)!r}")
         elif section not in ignore and a != b:
             diffs.append(f"{section}: checkpoint {a!r} vs now {b!r}")

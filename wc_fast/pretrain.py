@@ -10,6 +10,7 @@ base model follows single keys far better than combinations, like WorldPlay. Eve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -29,9 +30,13 @@ from wc_fast.models.pretrained import export_world_model
 from wc_fast.runtime import generator, resolve_device, stream_seed
 from wc_fast.world import batch_seed, sample_sequences
 
-# fields that may change between an interrupted run and its resumption
+# fields that may change between an interrupted run and its resumption: bookkeeping, and
+# everything pretraining does not read (only model.*, pretrain.* and rollout.shift shape it)
 RESUMABLE_CHANGES = ("pretrain.steps", "pretrain.out", "pretrain.ckpt_every",
-                     "pretrain.eval_every", "pretrain.keep_last", "train.device")
+                     "pretrain.eval_every", "pretrain.keep_last",
+                     *(s for s in config_lib.SECTIONS if s not in ("model", "pretrain", "rollout")),
+                     *(f"rollout.{f.name}" for f in dataclasses.fields(config_lib.RolloutConfig)
+                       if f.name != "shift"))
 
 
 def shifted(u: torch.Tensor, shift: float) -> torch.Tensor:
