@@ -86,13 +86,15 @@ class Block(nn.Module):
         b, n, d = x.shape
         acc = _acc(x.dtype)
         h = F.layer_norm(x.to(acc), (d,), eps=1e-6).reshape(b, frames, n // frames, d)
-        h = h * (1 + scale[:, :, None].to(acc)) + shift[:, :, None].to(acc)
+        h = torch.addcmul(shift[:, :, None].to(acc), h, 1 + scale[:, :, None].to(acc))
         return h.reshape(b, n, d).to(x.dtype)
 
     @staticmethod
-    def _gate(y: Tensor, gate: Tensor, frames: int) -> Tensor:
+    def _gated_residual(x: Tensor, y: Tensor, gate: Tensor, frames: int) -> Tensor:
+        """``x + gate * y`` with a per-frame ``gate`` ``[B, F, D]``, in one fused pass."""
         b, n, d = y.shape
-        return (y.reshape(b, frames, n // frames, d) * gate[:, :, None]).reshape(b, n, d)
+        shape = (b, frames, n // frames, d)
+        return torch.addcmul(x.reshape(shape), y.reshape(shape), gate[:, :, None]).reshape(b, n, d)
 
     def forward(self, x: Tensor, cond: Tensor, angles: Tensor, attend) -> tuple[Tensor, Tensor,
                                                                               Tensor]:
@@ -103,8 +105,8 @@ class Block(nn.Module):
         frames = cond.shape[1]
         sa, ca, ga, sm, cm, gm = self.modulation(F.silu(cond)).chunk(6, dim=-1)
         q, k, v = self.attn.qkv_heads(self._modulate(x, sa, ca, frames), angles)
-        x = x + self._gate(self.attn.merge_heads(attend(q, k, v)), ga, frames)
-        x = x + self._gate(self.mlp(self._modulate(x, sm, cm, frames)), gm, frames)
+        x = self._gated_residual(x, self.attn.merge_heads(attend(q, k, v)), ga, frames)
+        x = self._gated_residual(x, self.mlp(self._modulate(x, sm, cm, frames)), gm, frames)
         return x, k, v
 
 
