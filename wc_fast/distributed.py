@@ -56,10 +56,10 @@ FSDP_FORWARD_METHODS = ("velocity", "extend_cache", "teacher_forced_velocity",
 def shard_model(model: nn.Module, group: dist.ProcessGroup, device_type: str) -> nn.Module:
     """Shard ``model`` across the ranks of ``group`` with FSDP2 (``fully_shard``), in place.
 
-    Each block is its own unit and the root holds the rest. Parameters are resharded after
-    every forward (the rollout model is only ever run without gradient), and gradients are
-    summed, not averaged, over ranks: the trainer already divides each rank's loss by the
-    global item count, exactly as the DDP path does.
+    Each block is its own unit and the root holds the rest. The root's parameters are also
+    resharded after every forward: the old model only ever runs without gradient, so no
+    backward would reshard them. Gradients are summed, not averaged, over ranks: the trainer
+    already divides each rank's loss by the global item count, exactly as the DDP path does.
     """
     # a block returns its keys/values (views) for the context cache, which only ever
     # concatenates them, never writes them in place: FSDP2's warning about views is moot here
