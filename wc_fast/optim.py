@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim import AdamW, Muon, Optimizer
+
 # torch's own Muon math for one tensor (private, pinned with torch): ShardedMuon reuses it
 # rather than restating the Newton-Schulz step
 from torch.optim._muon import _single_tensor_muon

@@ -22,8 +22,13 @@ from tqdm import tqdm
 from wc_fast import checkpoint
 from wc_fast import config as config_lib
 from wc_fast.cli import parse_run_args
-from wc_fast.distributed import (full_state_dict, init_from_env, load_optimizer_state,
-                                 optimizer_state, shutdown)
+from wc_fast.distributed import (
+    full_state_dict,
+    init_from_env,
+    load_optimizer_state,
+    optimizer_state,
+    shutdown,
+)
 from wc_fast.metrics import MetricsLog, matmul_flops, plot_rewards
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
