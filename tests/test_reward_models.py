@@ -23,15 +23,7 @@ from wc_fast.rewards.estimators import decode_pose, params_to_delta, pose_loss
 from wc_fast.rewards.scoring import stride_frames
 from wc_fast.world.motion import action_deltas
 
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small tensors: one thread is faster than two on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

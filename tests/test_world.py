@@ -13,15 +13,7 @@ from wc_fast.world import ROTATION_STEP_DEG, TRANSLATION_STEP
 from wc_fast.world.motion import action_deltas, chain, rot_x, rot_y
 from wc_fast.world.scene import is_free
 
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small tensors: one thread is faster than two on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
@@ -87,20 +88,26 @@ def ema_with_warmup(decay: float):
     return update
 
 
-@torch.no_grad()
-def held_out_losses(models: dict[str, TinyWorldDiT], cfg: config_lib.Config,
-                    device: torch.device) -> dict[str, float]:
-    """Flow-matching loss of each of ``models`` on one fixed batch that training never draws
-    (its own world seed and noise stream), so values at different steps are comparable."""
+def held_out_batch(cfg: config_lib.Config, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Frames and actions of one fixed batch that training never draws (its own world seed)."""
     pt = cfg.pretrain
     batch = sample_sequences(pt.batch_size, num_clips=pt.num_clips,
                              seed=stream_seed(pt.seed, "held_out"),
                              composite_fraction=pt.composite_fraction,
                              clip_frames=cfg.model.clip_frames,
                              resolution=cfg.model.resolution)
-    frames, actions = batch.frames.to(device), batch.actions.to(device)
+    return batch.frames.to(device), batch.actions.to(device)
+
+
+@torch.no_grad()
+def held_out_losses(models: dict[str, TinyWorldDiT], batch: tuple[Tensor, Tensor],
+                    cfg: config_lib.Config) -> dict[str, float]:
+    """Flow-matching loss of each of ``models`` on the held-out ``batch`` with a fixed noise
+    stream, so values at different steps are comparable."""
+    frames, actions = batch
     return {name: flow_matching_loss(model, frames, actions, shift=cfg.rollout.shift,
-                                     gen=generator(pt.seed, "held_out", device=device)).item()
+                                     gen=generator(cfg.pretrain.seed, "held_out",
+                                                   device=frames.device)).item()
             for name, model in models.items()}
 
 
@@ -132,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"pretraining TinyWorldDiT ({n_params / 1e6:.2f} M parameters) on {device}: "
           f"{pt.steps} steps of {pt.batch_size} sequences x {pt.num_clips} clips")
+    held_out = held_out_batch(cfg, device)
     t0 = time.perf_counter()
     bar = tqdm(range(start, pt.steps), initial=start, total=pt.steps, desc="pretrain",
                dynamic_ncols=True)
@@ -153,10 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ema.update_parameters(model)
         record = {"step": step + 1, "loss": loss.item(), "lr": schedule.get_last_lr()[0]}
         if (step + 1) % pt.eval_every == 0 or step + 1 == pt.steps:
-            held_out = held_out_losses({"live": model, "ema": ema.module}, cfg, device)
-            record.update({f"held_out_{k}": v for k, v in held_out.items()})
-            bar.write(f"step {step + 1}: held-out loss live {held_out['live']:.4f}, "
-                      f"EMA {held_out['ema']:.4f}")
+            scores = held_out_losses({"live": model, "ema": ema.module}, held_out, cfg)
+            record.update({f"held_out_{k}": v for k, v in scores.items()})
+            bar.write(f"step {step + 1}: held-out loss live {scores['live']:.4f}, "
+                      f"EMA {scores['ema']:.4f}")
         log.append(record)
         bar.set_postfix(loss=f"{loss.item():.4f}")
         if (step + 1) % pt.ckpt_every == 0 or step + 1 == pt.steps:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from kernels import flow_noise, nft_loss
 from wc_fast.config import Config
-from wc_fast.distributed import full_state_dict, shard_model
+from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
 from wc_fast.ema import ema_decay, ema_update
 from wc_fast.models import ContextCache, TinyWorldDiT
 from wc_fast.nft import optimality, select_extremes
@@ -265,12 +265,12 @@ class Trainer:
         """The current model as one plain module on rank 0 (``None`` elsewhere); a collective
         under FSDP2, where every rank must call it."""
         if not self.sharded:
-            return self.model
+            return self.model if self.rank == 0 else None
         weights = full_state_dict(self.model)
         if self.rank != 0:
             return None
         model = TinyWorldDiT(self.cfg.model).to(self.device)
-        model.load_state_dict(weights)
+        load_full_state_dict(model, weights)
         return model
 
     # -- the iteration --------------------------------------------------------------------------

@@ -261,8 +261,7 @@ class TinyWorldDiT(nn.Module):
         actions[:, 0] = PROMPT_ACTION
         chunk = self._chunk_ids(frames.shape[1], frames.device)
         attend = self._masked_attend(chunk[:, None] >= chunk[None, :])
-        sig = torch.full((1,), float(sigma), device=frames.device,
-                         dtype=_acc(self.patch_embed.weight.dtype))
+        sig = self._history_sigma(sigma, frames.device)
         _, keys, values = self._run(frames, sig, actions, self.empty_cache(), attend=attend,
                                     reference=self._sequence_reference(frames))
         return ContextCache(keys=keys, values=values, num_frames=frames.shape[1],
@@ -331,8 +330,7 @@ class TinyWorldDiT(nn.Module):
 
     def _append_chunk(self, cache: ContextCache, frames: Tensor, actions: Tensor,
                       sigma: float) -> ContextCache:
-        sig = torch.full((1,), float(sigma), device=frames.device,
-                         dtype=_acc(self.patch_embed.weight.dtype))
+        sig = self._history_sigma(sigma, frames.device)
         _, keys, values = self._run(frames, sig, actions, cache,
                                     reference=self._cache_reference(cache, frames))
         if cache.keys:
@@ -365,6 +363,12 @@ class TinyWorldDiT(nn.Module):
         out, _, _ = self._run(x_t, sigma, actions, cache,
                               reference=self._cache_reference(cache, x_t))
         return out
+
+    def _history_sigma(self, sigma: float, device: torch.device) -> Tensor:
+        """The history's noise level as ``[1]``, in the accumulation dtype (fp64 for an fp64
+        model), so the cached and teacher-forced paths embed the same value."""
+        return torch.full((1,), float(sigma), device=device,
+                          dtype=_acc(self.patch_embed.weight.dtype))
 
     def _cache_reference(self, cache: ContextCache, frames: Tensor) -> Tensor | None:
         """Reference frames ``[1, F, C, H, W]`` for a chunk that follows ``cache``: its last
