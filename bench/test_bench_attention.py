@@ -12,7 +12,9 @@ prefix_v)`` in bf16:
 - ``sdpa_replicated``: ``cat(prefix.expand(B), k)`` then ``F.scaled_dot_product_attention``
   (flash-attention kernels; what naive batching does);
 - ``flex``: FlexAttention over one prefix copy with a block mask (``backend="flex"``);
-- ``triton``: the fused Triton kernels (``backend="triton"``).
+- ``triton``: the fused Triton kernels (``backend="triton"``);
+- ``flash_attn`` / ``xformers``: the optional libraries' partial attentions merged by LSE
+  (skipped when the library is not installed).
 
 Modes: ``fwd`` (no grad) and ``fwd+bwd`` (gradients for all five inputs). One timed round is
 ``REPEAT`` calls and a ``torch.cuda.synchronize()``. ``extra_info``: time per call, TFLOP/s
@@ -27,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels import reference
+from kernels import _backend, reference
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not CUDA, reason="GPU benchmarks need a CUDA device")
@@ -38,7 +40,7 @@ SHAPES = {  # name: (B, H, L, Lk, P, D); L = Lk = one clip's tokens, P = the his
     "G16-D32": (16, 6, 256, 256, 1856, 32),
     "G16-D128": (16, 8, 256, 256, 1856, 128),
 }
-CONTENDERS = ("reference", "sdpa_replicated", "flex", "triton")
+CONTENDERS = ("reference", "sdpa_replicated", "flex", "triton", "flash_attn", "xformers")
 MODES = ("fwd", "fwd+bwd")
 DTYPE = torch.bfloat16
 
@@ -95,6 +97,10 @@ def _call(attention, tensors, mode: str):
 @pytest.mark.parametrize("contender", CONTENDERS)
 @pytest.mark.parametrize("mode", MODES)
 def test_prefix_attention(benchmark, inputs, mode, contender):
+    if contender in _backend.LIBRARIES:
+        missing = _backend.unavailable_reason(contender, torch.device("cuda"))
+        if missing:
+            pytest.skip(missing)
     name, tensors = inputs
     b, h, lq, lk, p, d = SHAPES[name]
     benchmark.group = f"prefix_attention {mode} bf16 {name} B={b} H={h} L={lq} P={p} D={d}"

@@ -2,8 +2,10 @@
 
 ``reference`` is plain PyTorch (the spec), ``triton`` the fused Triton kernels (CUDA, or CPU
 tensors under ``TRITON_INTERPRET=1``), ``native`` the C++ CPU extension built from ``csrc/``.
-Attention only: ``split`` (two fused partial attentions merged by LSE, CPU) and ``flex``
-(FlexAttention with a block mask; CUDA, forward-only on CPU).
+Attention only: ``split`` (two fused partial attentions merged by LSE, CPU), ``flex``
+(FlexAttention with a block mask; CUDA, forward-only on CPU), and the optional libraries
+``flash_attn`` and ``xformers`` (partials merged by LSE; CUDA, when installed; never chosen by
+``auto``, whose CUDA order is the project's own kernels).
 ``auto`` takes the first implemented and runnable backend in :data:`AUTO_ORDER` for the device.
 """
 
@@ -15,7 +17,9 @@ import os
 
 import torch
 
-BACKENDS = ("auto", "reference", "triton", "native", "split", "flex")
+BACKENDS = ("auto", "reference", "triton", "native", "split", "flex", "flash_attn", "xformers")
+# optional attention libraries: backend name -> (module to import, pip requirement)
+LIBRARIES = {"flash_attn": ("flash_attn", "flash-attn"), "xformers": ("xformers.ops", "xformers")}
 AUTO_ORDER = {"cuda": ("triton", "flex"), "cpu": ("native", "split")}
 
 
@@ -59,6 +63,13 @@ def unavailable_reason(backend: str, device: torch.device) -> str | None:
         return None
     if backend == "split":
         return None if device.type == "cpu" else f"split runs on CPU tensors, not {device.type}"
+    if backend in LIBRARIES:
+        module, requirement = LIBRARIES[backend]
+        if device.type != "cuda":
+            return f"{backend} runs on CUDA tensors, not {device.type}"
+        if not _importable(module):
+            return f"{requirement} is not installed (pip install {requirement})"
+        return None
     if backend == "flex":
         if not _importable("torch.nn.attention.flex_attention"):
             return "this torch has no FlexAttention (torch >= 2.5 needed)"

@@ -6,18 +6,50 @@ partial outputs are merged in fp32 with their natural-log LSEs. Backward runs ea
 ordinary attention backward with the MERGED output and LSE, which gives exactly the gradient
 of softmax attention over the union of keys (the xformers ``merge_training`` construction).
 
-Partial attentions use PyTorch's fused CPU flash-attention kernels, which return the LSE; no
-library exposes "attention over a shared prefix plus per-row keys with gradients" on CPU, hence
-this small autograd function.
+The partial attentions come from a :class:`PartialKernels` pair: PyTorch's fused CPU
+flash-attention kernels here (they return the LSE and take it back in the backward), the
+``flash-attn`` library's CUDA kernels in :mod:`kernels._prefix_flash_attn`. No library exposes
+"attention over a shared prefix plus per-row keys with gradients" on CPU, hence this small
+autograd function.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor
 
-_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+class PartialKernels(Protocol):
+    """A fused attention forward that returns its LSE and a backward that takes one.
+
+    Layout ``[B, H, L, D]``; LSE ``[B, H, L]`` in natural log. ``backward`` must use the
+    ``out`` and ``lse`` it is given (not recompute its own): that is what makes the merged
+    gradient exact.
+    """
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+        ...
+
+    def backward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                 lse: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+        ...
+
+
+class CPUFlashKernels:
+    """PyTorch's fused CPU flash-attention forward/backward (``aten`` ops)."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, scale=scale)
+
+    def backward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                 lse: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, q, k, v, out, lse, 0.0, False, scale=scale)
+
+
+CPU_FLASH = CPUFlashKernels()
 
 
 def fold_rows(x: Tensor) -> Tensor:
@@ -56,20 +88,20 @@ class SplitPrefixAttention(torch.autograd.Function):
     """Autograd of shared-prefix attention; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, q, k, v, prefix_k, prefix_v, scale):
+    def forward(ctx, q, k, v, prefix_k, prefix_v, scale, kernels):
         b, p, lk = q.shape[0], prefix_k.shape[2], k.shape[2]
         parts = []
         if p > 0:
-            o1, lse1 = _flash(fold_rows(q), prefix_k, prefix_v, scale=scale)
+            o1, lse1 = kernels.forward(fold_rows(q), prefix_k, prefix_v, scale)
             parts.append((unfold_rows(o1, b), unfold_rows(lse1, b)))
         if lk > 0:
-            parts.append(_flash(q, k, v, scale=scale))
+            parts.append(kernels.forward(q, k, v, scale))
         if len(parts) == 2:
             out, lse = merge_partials(*parts[0], *parts[1], q.dtype)
         else:
             out, lse = parts[0][0].contiguous(), parts[0][1].to(_lse_dtype(q))
         ctx.save_for_backward(q, k, v, prefix_k, prefix_v, out, lse)
-        ctx.scale = scale
+        ctx.scale, ctx.kernels = scale, kernels
         return out
 
     @staticmethod
@@ -78,24 +110,22 @@ class SplitPrefixAttention(torch.autograd.Function):
         b, p, lk = q.shape[0], prefix_k.shape[2], k.shape[2]
         grad_out = grad_out.contiguous()
         dq = torch.zeros_like(q)
-        dk = dv = dpk = dpv = None
         if p > 0:
-            dq1, dpk, dpv = _flash_backward(fold_rows(grad_out), fold_rows(q), prefix_k,
-                                            prefix_v, fold_rows(out), fold_rows(lse), 0.0,
-                                            False, scale=ctx.scale)
+            dq1, dpk, dpv = ctx.kernels.backward(fold_rows(grad_out), fold_rows(q), prefix_k,
+                                                 prefix_v, fold_rows(out), fold_rows(lse),
+                                                 ctx.scale)
             dq += unfold_rows(dq1, b)
         else:
             dpk, dpv = torch.zeros_like(prefix_k), torch.zeros_like(prefix_v)
         if lk > 0:
-            dq2, dk, dv = _flash_backward(grad_out, q, k, v, out, lse, 0.0, False,
-                                          scale=ctx.scale)
+            dq2, dk, dv = ctx.kernels.backward(grad_out, q, k, v, out, lse, ctx.scale)
             dq += dq2
         else:
             dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-        return dq, dk, dv, dpk, dpv, None
+        return dq, dk, dv, dpk, dpv, None, None
 
 
 def split_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
-                           scale: float) -> Tensor:
+                           scale: float, kernels: PartialKernels = CPU_FLASH) -> Tensor:
     """``[B, H, L, D]`` attention over ``cat(prefix, own keys)`` without replicating the prefix."""
-    return SplitPrefixAttention.apply(q, k, v, prefix_k, prefix_v, scale)
+    return SplitPrefixAttention.apply(q, k, v, prefix_k, prefix_v, scale, kernels)

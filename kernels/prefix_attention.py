@@ -9,10 +9,14 @@ from kernels import _checks, reference
 from kernels._backend import resolve
 from kernels._prefix_flex import flex_prefix_attention
 from kernels._prefix_split import split_prefix_attention
+from kernels._prefix_xformers import xformers_prefix_attention
 
-IMPLEMENTED = ("reference", "triton", "split", "flex")
-NO_FLOAT64 = ("triton",)  # fp16/bf16/fp32 only; "auto" skips them for float64 inputs
-MAX_HEAD_DIM = {"triton": 128}
+IMPLEMENTED = ("reference", "triton", "split", "flex", "flash_attn", "xformers")
+_HALF = (torch.float16, torch.bfloat16)
+# dtypes each fast backend takes ("auto" passes over a backend that cannot take the input)
+DTYPES = {"triton": (*_HALF, torch.float32), "flash_attn": _HALF,
+          "xformers": (*_HALF, torch.float32)}
+MAX_HEAD_DIM = {"triton": 128, "flash_attn": 256}
 
 
 def triton_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
@@ -24,8 +28,17 @@ def triton_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
     return _ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION](q, k, v, prefix_k, prefix_v, scale)[0]
 
 
+def flash_attn_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
+                                prefix_v: Tensor, scale: float) -> Tensor:
+    """The split path with the ``flash-attn`` library's CUDA kernels as its partials."""
+    from kernels._prefix_flash_attn import flash_attn_kernels
+
+    return split_prefix_attention(q, k, v, prefix_k, prefix_v, scale, flash_attn_kernels())
+
+
 _FAST = {"split": split_prefix_attention, "flex": flex_prefix_attention,
-         "triton": triton_prefix_attention}
+         "triton": triton_prefix_attention, "flash_attn": flash_attn_prefix_attention,
+         "xformers": xformers_prefix_attention}
 
 
 def _check_inputs(q, k, v, prefix_k, prefix_v) -> None:
@@ -56,13 +69,14 @@ def _check_inputs(q, k, v, prefix_k, prefix_v) -> None:
 def _candidates(q: Tensor, backend: str) -> tuple[str, ...]:
     """Backends that can take ``q``'s dtype and head dim; raises if ``backend`` cannot."""
     def fits(name: str) -> bool:
-        return not ((q.dtype == torch.float64 and name in NO_FLOAT64)
-                    or q.shape[-1] > MAX_HEAD_DIM.get(name, q.shape[-1]))
+        return (q.dtype in DTYPES.get(name, (q.dtype,))
+                and q.shape[-1] <= MAX_HEAD_DIM.get(name, q.shape[-1]))
 
     if backend != "auto" and backend in IMPLEMENTED and not fits(backend):
-        raise TypeError(f"prefix_attention: backend={backend!r} takes float16, bfloat16 or "
-                        f"float32 inputs with D <= {MAX_HEAD_DIM.get(backend)}; got "
-                        f"{q.dtype}, D={q.shape[-1]} (use 'split' on CPU, 'flex' or "
+        dtypes = ", ".join(str(t).removeprefix("torch.") for t in DTYPES.get(backend, ()))
+        limit = f" with D <= {MAX_HEAD_DIM[backend]}" if backend in MAX_HEAD_DIM else ""
+        raise TypeError(f"prefix_attention: backend={backend!r} takes {dtypes} inputs{limit}; "
+                        f"got {q.dtype}, D={q.shape[-1]} (use 'split' on CPU, 'flex' or "
                         f"'reference')")
     return tuple(name for name in IMPLEMENTED if fits(name))
 
@@ -83,7 +97,10 @@ def prefix_attention(
     (``P`` may be 0) -> ``[B, H, L, D]``. ``scale`` defaults to ``D ** -0.5``. Differentiable
     in all five inputs (``flex`` on CPU: forward only); the prefix gradient is summed over rows.
     Every backend but ``reference`` keeps a single copy of the prefix. ``triton`` takes
-    fp16/bf16/fp32 with ``D <= 128`` (``auto`` passes over it otherwise).
+    fp16/bf16/fp32 with ``D <= 128``, ``flash_attn`` fp16/bf16 with ``D <= 256``, ``xformers``
+    fp16/bf16/fp32 (``auto`` passes over a backend that cannot take the input). The optional
+    ``flash_attn`` and ``xformers`` backends run on CUDA when their library is installed and
+    are chosen by name only.
     """
     _check_inputs(q, k, v, prefix_k, prefix_v)
     chosen = resolve("prefix_attention", backend, q.device, _candidates(q, backend))

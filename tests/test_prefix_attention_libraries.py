@@ -1,0 +1,204 @@
+"""The optional ``flash_attn`` and ``xformers`` backends of ``prefix_attention``.
+
+On CPU each library is replaced by a small stand-in with its API, layout and LSE contract,
+computed in plain PyTorch: that checks everything this project adds (row folding, layout
+transposes, the LSE merge, feeding the merged output and LSE to the backward, keyword
+matching across flash-attn versions). On a CUDA machine with the library installed, the
+real kernels are checked against the reference.
+"""
+
+import sys
+import types
+
+import pytest
+import torch
+
+import kernels
+from kernels import _backend, reference
+from kernels._prefix_flash_attn import FlashAttnKernels
+from kernels._prefix_split import split_prefix_attention
+from kernels.prefix_attention import _FAST
+
+CASES = [  # (B, H, P, L, Lk, D)
+    (1, 1, 1, 1, 1, 4),
+    (3, 2, 0, 5, 5, 8),
+    (2, 3, 7, 3, 0, 5),
+    (4, 2, 37, 9, 9, 17),
+    (5, 1, 3, 2, 11, 3),
+]
+NAMES = ("q", "k", "v", "prefix_k", "prefix_v")
+
+
+def _inputs(case, dtype=torch.float32, device="cpu", seed=0):
+    b, h, p, lq, lk, d = case
+    g = torch.Generator().manual_seed(seed + sum(case))
+    make = lambda *s: torch.randn(*s, generator=g).to(device, dtype)  # noqa: E731
+    tensors = (make(b, h, lq, d), make(b, h, lk, d), make(b, h, lk, d), make(1, h, p, d),
+               make(1, h, p, d))
+    return [t.requires_grad_(True) for t in tensors]
+
+
+def _check(fn, ins, rtol=2e-5, atol=2e-5):
+    out = fn(*ins)
+    want = reference.prefix_attention(*ins)
+    torch.testing.assert_close(out, want, rtol=rtol, atol=atol)
+    grad_out = torch.randn_like(out)
+    # an empty prefix or empty own keys may go unused: their (empty) gradient is then zeros
+    got_grads = torch.autograd.grad(out, ins, grad_out, materialize_grads=True)
+    for name, got, exp in zip(NAMES, got_grads, torch.autograd.grad(want, ins, grad_out),
+                              strict=True):
+        torch.testing.assert_close(got, exp, rtol=rtol, atol=atol, msg=name)
+
+
+# -- stand-ins ------------------------------------------------------------------------------
+
+def _scores(q, k, scale):
+    """``[B, L, H, D]`` x ``[B, M, H, D]`` -> scaled scores ``[B, H, L, M]`` in fp32."""
+    return torch.einsum("blhd,bmhd->bhlm", q.float(), k.float()) * scale
+
+
+class _FlashInterface:
+    """flash-attn 2.7's ``flash_attn_interface`` API in plain PyTorch, inputs ``[B, L, H, D]``.
+
+    Like the real backward, it rebuilds the probabilities from the ``out`` and
+    ``softmax_lse`` it is given instead of recomputing them.
+    """
+
+    @staticmethod
+    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                        return_attn_probs=False):
+        assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+        assert return_attn_probs and dropout_p == 0.0 and not causal
+        s = _scores(q, k, softmax_scale)
+        lse = s.logsumexp(-1)
+        out = torch.einsum("bhlm,bmhd->blhd", (s - lse[..., None]).exp(), v.float())
+        return out.to(q.dtype), lse, None
+
+    @staticmethod
+    def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
+                             softmax_scale, causal, window_size_left, window_size_right,
+                             softcap, alibi_slopes, deterministic, rng_state=None):
+        assert (dropout_p, causal, window_size_left, window_size_right, softcap) == (
+            0.0, False, -1, -1, 0.0)
+        assert softmax_lse.dtype == torch.float32 and softmax_lse.is_contiguous()
+        p = (_scores(q, k, softmax_scale) - softmax_lse[..., None]).exp()
+        do = dout.float()
+        dv.copy_(torch.einsum("bhlm,blhd->bmhd", p, do))
+        dp = torch.einsum("blhd,bmhd->bhlm", do, v.float())
+        delta = (do * out.float()).sum(-1).transpose(1, 2)[..., None]
+        ds = p * (dp - delta) * softmax_scale
+        dq.copy_(torch.einsum("bhlm,bmhd->blhd", ds, k.float()))
+        dk.copy_(torch.einsum("bhlm,blhd->bmhd", ds, q.float()))
+
+
+class _FlashInterface26(_FlashInterface):
+    """flash-attn 2.5's backward keywords: one ``window_size`` tuple and no ``softcap``."""
+
+    @staticmethod
+    def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
+                             softmax_scale, causal, window_size, alibi_slopes, deterministic,
+                             rng_state=None):
+        assert window_size == (-1, -1)
+        _FlashInterface._flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv,
+                                             dropout_p, softmax_scale, causal, -1, -1, 0.0,
+                                             alibi_slopes, deterministic)
+
+
+class _Partial:
+    """xformers' ``merge_training.Partial``: output ``[B, M, H, K]`` and LSE ``[B, H, M]``."""
+
+    def __init__(self, attn, lse):
+        self.attn, self.lse = attn, lse
+
+    def apply(self, fn):
+        lse = fn(self.lse.permute(0, 2, 1).unsqueeze(-1)).squeeze(-1).permute(0, 2, 1)
+        return _Partial(fn(self.attn), lse)
+
+
+def _xformers_modules():
+    """Module objects standing in for ``xformers.ops.fmha.merge_training`` (autograd by
+    plain PyTorch: exact gradients of the merged attention)."""
+
+    def partial(query, key, value, attn_bias=None, p=0.0, scale=None):
+        assert attn_bias is None and p == 0.0
+        s = _scores(query, key, scale)
+        lse = s.logsumexp(-1)
+        attn = torch.einsum("bhlm,bmhd->blhd", (s - lse[..., None]).exp(), value.float())
+        return _Partial(attn, lse)
+
+    def merge(*partials):
+        lse = torch.logsumexp(torch.stack([p.lse for p in partials]), dim=0)
+        return sum(p.attn * (p.lse - lse).exp().transpose(1, 2)[..., None] for p in partials)
+
+    merge_training = types.ModuleType("xformers.ops.fmha.merge_training")
+    merge_training.memory_efficient_attention_partial_autograd = partial
+    merge_training.merge_attentions_autograd = merge
+    names = ("xformers", "xformers.ops", "xformers.ops.fmha")
+    return {**{n: types.ModuleType(n) for n in names}, merge_training.__name__: merge_training}
+
+
+# -- CPU: the glue against the reference ----------------------------------------------------
+
+@pytest.mark.parametrize("interface", [_FlashInterface, _FlashInterface26])
+@pytest.mark.parametrize("case", CASES)
+def test_flash_attn_split_matches_reference(case, interface):
+    kernels_ = FlashAttnKernels(interface)
+    _check(lambda *a: split_prefix_attention(*a, a[0].shape[-1] ** -0.5, kernels_),
+           _inputs(case))
+
+
+def test_flash_attn_backend_loads_the_installed_library(monkeypatch):
+    from kernels import _prefix_flash_attn
+
+    package = types.ModuleType("flash_attn")
+    package.flash_attn_interface = _FlashInterface
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    _prefix_flash_attn.flash_attn_kernels.cache_clear()
+    try:
+        ins = _inputs(CASES[3])
+        out = _FAST["flash_attn"](*ins, 0.3)
+        torch.testing.assert_close(out, reference.prefix_attention(*ins, scale=0.3),
+                                   rtol=2e-5, atol=2e-5)
+        assert _prefix_flash_attn.flash_attn_kernels().interface is _FlashInterface
+    finally:
+        _prefix_flash_attn.flash_attn_kernels.cache_clear()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_xformers_partials_match_reference(case, monkeypatch):
+    for name, module in _xformers_modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    _check(lambda *a: _FAST["xformers"](*a, a[0].shape[-1] ** -0.5), _inputs(case))
+
+
+@pytest.mark.parametrize("backend", ["flash_attn", "xformers"])
+def test_library_backends_need_cuda(backend):
+    ins = [t.detach() for t in _inputs(CASES[0], torch.bfloat16)]
+    with pytest.raises(RuntimeError, match=f"{backend} runs on CUDA tensors"):
+        kernels.prefix_attention(*ins, backend=backend)
+
+
+def test_flash_attn_rejects_float32_and_wide_heads():
+    with pytest.raises(TypeError, match="flash_attn.*float16, bfloat16"):
+        kernels.prefix_attention(*[t.detach() for t in _inputs(CASES[0])], backend="flash_attn")
+    wide = [t.detach() for t in _inputs((1, 1, 2, 2, 2, 264), torch.bfloat16)]
+    with pytest.raises(TypeError, match="D <= 256"):
+        kernels.prefix_attention(*wide, backend="flash_attn")
+
+
+def test_auto_never_picks_a_library_backend():
+    for device in ("cpu", "cuda"):
+        assert not set(_backend.AUTO_ORDER[device]) & set(_backend.LIBRARIES)
+
+
+# -- CUDA: the real libraries ---------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["flash_attn", "xformers"])
+@pytest.mark.parametrize("case", [(16, 6, 1792, 256, 256, 32), (3, 2, 37, 9, 9, 64),
+                                  (2, 3, 0, 5, 5, 32), (2, 3, 7, 3, 0, 32)])
+def test_cuda_library_matches_reference(backend, case):
+    if _backend.unavailable_reason(backend, torch.device("cuda")) is not None:
+        pytest.skip(_backend.unavailable_reason(backend, torch.device("cuda")))
+    _check(lambda *a: kernels.prefix_attention(*a, backend=backend),
+           _inputs(case, torch.bfloat16, "cuda"), rtol=2e-2, atol=2e-2)
