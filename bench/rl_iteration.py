@@ -3,9 +3,10 @@
     python bench/rl_iteration.py --preset cpu --json PATH
 
 Both start from the same weights at the same iteration (the longest history, clip N) and run
-the same numbers of candidates, sigmas and updates. Writes per-phase seconds for both, the
-speedup, and ``flop_fraction``: the trainer's model FLOP/s in its train phase over a large
-fp32 matmul's FLOP/s measured in the same run (bf16 on GPU).
+the same numbers of candidates, sigmas and updates; one warm-up iteration each (which also
+absorbs compilation, e.g. with ``--set nft.compile=true``) is not timed. Writes per-phase
+seconds for both, the speedup, and ``flop_fraction``: the trainer's model FLOP/s in its train
+phase over a large fp32 matmul's FLOP/s measured in the same run (bf16 on GPU).
 """
 
 from __future__ import annotations
@@ -38,10 +39,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init", default=None,
                         help="train.init override, e.g. 'random' for a preset whose model size "
                              "differs from the shipped base model")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="config override, e.g. nft.compile=true (repeatable)")
     args = parser.parse_args(argv)
     cfg = config_lib.preset(args.preset)
     if args.init is not None:
         cfg.train.init = args.init
+    for override in args.set:
+        path, sep, value = override.partition("=")
+        if not sep:
+            parser.error(f"--set takes SECTION.FIELD=VALUE, got {override!r}")
+        config_lib.apply_override(cfg, path, value)
+    config_lib.validate(cfg)
     device = resolve_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(min(2, torch.get_num_threads()))

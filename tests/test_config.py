@@ -75,7 +75,8 @@ def test_impossible_values_name_the_field(path, value, match):
 
 
 @pytest.mark.parametrize("path,value", [("rollout.capture", "cuda_graph"),
-                                        ("nft.context_kv", "recompute_grad")])
+                                        ("nft.context_kv", "recompute_grad"),
+                                        ("nft.compile", "true")])
 def test_fsdp2_refuses_what_it_cannot_shard(path, value):
     cfg = C.preset("paper")
     C.apply_override(cfg, "train.distributed", "fsdp2")

@@ -89,6 +89,9 @@ class Trainer:
         self.sampler = ClipSampler(self.old, steps=ro.steps, shift=ro.shift, capture=capture,
                                    exploration=ro.exploration, sde_noise=ro.sde_noise)
         self.sigmas = sigma_schedule(ro.steps, ro.shift)[:-1]
+        self._velocity = {"model": self.model.velocity, "old": self.old.velocity}
+        if cfg.nft.compile:
+            self._velocity = {k: torch.compile(fn) for k, fn in self._velocity.items()}
         self.estimator = load_estimator("reward", device=device)
         self.critic = load_critic(device=device)
 
@@ -228,13 +231,13 @@ class Trainer:
                     old_cache: ContextCache) -> tuple[Tensor, float]:
         nf = self.cfg.nft
         x_t, sigma = item["x_t"][part], item["sigma"][part]
-        v_theta = self.model.velocity(x_t, sigma, actions, cache)
+        v_theta = self._velocity["model"](x_t, sigma, actions, cache)
         batch_flops = self.model.velocity_flops(len(part), cache.num_tokens)
         if nf.old_prediction == "detached_current":
             v_old, flops = v_theta.detach(), 3 * batch_flops
         else:
             with torch.no_grad():
-                v_old = self.old.velocity(x_t, sigma, actions, old_cache)
+                v_old = self._velocity["old"](x_t, sigma, actions, old_cache)
             flops = 4 * batch_flops
         loss = nft_loss(v_theta, v_old, item["v_target"][part].to(v_theta.dtype),
                         item["r"][part], beta=nf.beta, sigma=sigma, space=nf.loss_space,
