@@ -1,5 +1,7 @@
 """TinyWorldDiT: shared-cache batching, block-causal cache, gradients, shape errors."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -149,8 +151,9 @@ def test_bad_inputs_raise_clear_errors():
                            actions.expand(2, -1), sigma=0.014)
 
 
-def test_teacher_forced_velocity_equals_cached_velocity_per_clip():
-    model = _model()
+@pytest.mark.parametrize("prediction", ["velocity", "x0", "warp"])
+def test_teacher_forced_velocity_equals_cached_velocity_per_clip(prediction):
+    model = _model(dataclasses.replace(CFG, prediction=prediction))
     frames, _ = _history(3)
     g = torch.Generator().manual_seed(7)
     b = 2
@@ -182,3 +185,65 @@ def test_reference_frame_of_each_history_frame_is_the_last_frame_before_its_chun
     ref = model._sequence_reference(frames)[0, :, 0, 0, 0]
     # zeros for the prompt; clip 1 refers to the prompt (frame 0), clip 2 to frame f
     assert ref.tolist() == [0.0] + [1.0] * f + [float(f + 1)] * f
+
+
+def test_x0_prediction_is_read_as_the_clean_clip():
+    """An x0-predicting model's velocity is (x_t - head) / max(sigma, 0.05): one Euler step to
+    sigma = 0 lands exactly on the head's output, whatever sigma the step starts from."""
+    x0_model = _model(dataclasses.replace(CFG, prediction="x0"))
+    v_model = _model(CFG)
+    v_model.load_state_dict(x0_model.state_dict())  # same weights: v_model returns the head
+    frames, actions = _history(1)
+    cache = x0_model.extend_cache(x0_model.empty_cache(), frames, actions, sigma=0.014)
+    g = torch.Generator().manual_seed(3)
+    x_t = torch.randn(3, 2, 3, 16, 16, generator=g, dtype=torch.float64)
+    sigma = torch.tensor([0.9, 0.3, 0.01], dtype=torch.float64)
+    with torch.no_grad():
+        head = v_model.velocity(x_t, sigma, actions[0, 1:], cache)
+        v = x0_model.velocity(x_t, sigma, actions[0, 1:], cache)
+    torch.testing.assert_close(x_t[:2] - sigma[:2, None, None, None, None] * v[:2], head[:2],
+                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(v[2], (x_t[2] - head[2]) / 0.05, rtol=1e-12, atol=1e-12)
+
+
+def test_prediction_must_be_a_known_kind():
+    from wc_fast.config import from_dict, preset, to_dict
+
+    cfg = to_dict(preset("smoke"))
+    cfg["model"]["prediction"] = "eps"
+    with pytest.raises(ValueError, match="model.prediction"):
+        from_dict(cfg)
+
+
+def test_warp_shifts_by_whole_pixels_exactly_and_keeps_zero_flow_identity():
+    from wc_fast.models.tiny_dit import warp
+
+    frames = torch.randn(2, 3, 3, 8, 8, dtype=torch.float64)
+    flow = torch.zeros(2, 3, 2, 8, 8, dtype=torch.float64)
+    torch.testing.assert_close(warp(frames, flow), frames, rtol=0, atol=1e-12)
+    flow[:, :, 0] = 2.0  # sample two pixels to the right: the image moves left
+    out = warp(frames, flow)
+    torch.testing.assert_close(out[..., :6], frames[..., 2:], rtol=0, atol=1e-12)
+    torch.testing.assert_close(out[..., 6:], frames[..., 7:].expand_as(out[..., 6:]),
+                               rtol=0, atol=1e-12)  # border values past the edge
+
+
+def test_untrained_warp_model_predicts_the_reference_frame():
+    """Zero-initialised head: no flow, no residual, so the clean-clip estimate is the last
+    history frame and a one-step sample from any sigma copies it."""
+    cfg = dataclasses.replace(CFG, prediction="warp")
+    torch.manual_seed(0)
+    model = TinyWorldDiT(cfg).double()
+    frames, actions = _history(1)
+    cache = model.extend_cache(model.empty_cache(), frames, actions, sigma=0.014)
+    x_t = torch.randn(2, 2, 3, 16, 16, dtype=torch.float64)
+    sigma = torch.tensor([0.7, 0.2], dtype=torch.float64)
+    with torch.no_grad():
+        v = model.velocity(x_t, sigma, actions[0, 1:], cache)
+    x0 = x_t - sigma[:, None, None, None, None] * v
+    torch.testing.assert_close(x0, frames[:, -1:].expand_as(x0), rtol=1e-12, atol=1e-12)
+
+
+def test_warp_needs_reference_frames():
+    with pytest.raises(ValueError, match="reference_frame"):
+        TinyWorldDiT(dataclasses.replace(CFG, prediction="warp", reference_frame=False))

@@ -24,6 +24,8 @@ from wc_fast.models.protocol import ContextCache
 from wc_fast.models.rope import apply_rope, rope_angles
 
 PROMPT_ACTION = NUM_ACTIONS  # embedding id of the first (prompt) frame, which has no action
+# smallest sigma an x0-predicting model divides by: bounds the velocity's gain near sigma = 0
+X0_MIN_SIGMA = 0.05
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -40,6 +42,21 @@ def sigma_embedding(sigma: Tensor, dim: int = 256) -> Tensor:
                       / half)
     args = 1000.0 * sigma.to(acc)[:, None] * freqs[None, :]
     return torch.cat([args.cos(), args.sin()], dim=1)
+
+
+def warp(frames: Tensor, flow: Tensor) -> Tensor:
+    """Backward-warp ``frames`` ``[B, F, C, H, W]`` by ``flow`` ``[B, F, 2, H, W]`` in pixels:
+    output pixel ``(y, x)`` samples ``frames`` at ``(y + flow_y, x + flow_x)`` (bilinear,
+    border values outside)."""
+    b, f, c, h, w = frames.shape
+    ys, xs = torch.meshgrid(torch.arange(h, device=flow.device, dtype=flow.dtype),
+                            torch.arange(w, device=flow.device, dtype=flow.dtype), indexing="ij")
+    x = (xs + flow[:, :, 0] + 0.5) * (2.0 / w) - 1.0
+    y = (ys + flow[:, :, 1] + 0.5) * (2.0 / h) - 1.0
+    grid = torch.stack([x, y], dim=-1).reshape(b * f, h, w, 2)
+    out = F.grid_sample(frames.reshape(b * f, c, h, w), grid, mode="bilinear",
+                        padding_mode="border", align_corners=False)
+    return out.reshape(b, f, c, h, w)
 
 
 class Attention(nn.Module):
@@ -118,6 +135,9 @@ class TinyWorldDiT(nn.Module):
         if cfg.resolution % cfg.patch or cfg.dim % cfg.heads:
             raise ValueError("model.resolution must be a multiple of model.patch and model.dim "
                              "a multiple of model.heads")
+        if cfg.prediction == "warp" and not cfg.reference_frame:
+            raise ValueError("model.prediction='warp' warps the reference frame: it needs "
+                             "model.reference_frame=True")
         self.cfg = cfg
         self.clip_frames = cfg.clip_frames
         self.grid = cfg.resolution // cfg.patch
@@ -134,7 +154,9 @@ class TinyWorldDiT(nn.Module):
         nn.init.normal_(self.action_embed.weight, std=1.0)
         self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads) for _ in range(cfg.depth))
         self.final_modulation = nn.Linear(cfg.dim, 2 * cfg.dim)
-        self.out = nn.Linear(cfg.dim, patch_dim)
+        # "warp" adds a 2-channel flow per pixel to the clean-clip residual
+        flow_dim = 2 * cfg.patch * cfg.patch if cfg.prediction == "warp" else 0
+        self.out = nn.Linear(cfg.dim, patch_dim + flow_dim)
         for layer in (self.final_modulation, self.out):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
@@ -187,9 +209,11 @@ class TinyWorldDiT(nn.Module):
         x = frames.reshape(b, f, c, g, p, g, p).permute(0, 1, 3, 5, 2, 4, 6)
         return x.reshape(b, f * g * g, c * p * p)
 
-    def unpatchify(self, tokens: Tensor, frames: int) -> Tensor:
+    def unpatchify(self, tokens: Tensor, frames: int, channels: int | None = None) -> Tensor:
+        """Tokens ``[B, F*g*g, c*p*p]`` -> ``[B, F, c, H, W]`` (``c`` defaults to the frames')."""
         b = tokens.shape[0]
-        p, g, c = self.cfg.patch, self.grid, self.cfg.channels
+        p, g = self.cfg.patch, self.grid
+        c = self.cfg.channels if channels is None else channels
         x = tokens.reshape(b, frames, g, g, c, p, p).permute(0, 1, 4, 2, 5, 3, 6)
         return x.reshape(b, frames, c, g * p, g * p)
 
@@ -310,7 +334,7 @@ class TinyWorldDiT(nn.Module):
         out, _, _ = self._run(torch.cat([frames, x_t], dim=1), all_sigma, all_actions,
                               self.empty_cache(), attend=attend, positions=positions,
                               reference=reference)
-        return out[:, total:]
+        return self._as_velocity(out[:, total:], x_t, sigma.repeat_interleave(f, dim=1))
 
     def _chunk_ids(self, frames: int, device: torch.device) -> Tensor:
         """Chunk index of every frame of a history that starts with the prompt frame."""
@@ -362,7 +386,17 @@ class TinyWorldDiT(nn.Module):
         actions = self._check_actions(actions, b, f)
         out, _, _ = self._run(x_t, sigma, actions, cache,
                               reference=self._cache_reference(cache, x_t))
-        return out
+        return self._as_velocity(out, x_t, sigma[:, None].expand(b, f))
+
+    def _as_velocity(self, out: Tensor, x_t: Tensor, sigma: Tensor) -> Tensor:
+        """The head's output ``[B, F, C, H, W]`` as a velocity, given per-frame ``sigma``
+        ``[B, F]``: unchanged for ``prediction="velocity"``; for ``"x0"`` the clean-clip
+        estimate becomes ``(x_t - x0) / max(sigma, X0_MIN_SIGMA)`` (``x_t = (1-s) x0 + s eps``,
+        ``v = eps - x0``)."""
+        if self.cfg.prediction == "velocity":
+            return out  # "x0" and "warp" predict the clean clip
+        scale = sigma.to(out.dtype).clamp_min(X0_MIN_SIGMA)[:, :, None, None, None]
+        return (x_t.to(out.dtype) - out) / scale
 
     def _history_sigma(self, sigma: float, device: torch.device) -> Tensor:
         """The history's noise level as ``[1]``, in the accumulation dtype (fp64 for an fp64
@@ -419,8 +453,14 @@ class TinyWorldDiT(nn.Module):
                 values.append(v)
             shift, scale = self.final_modulation(F.silu(cond)).chunk(2, dim=-1)
             h = Block._modulate(x, shift, scale, f)
-            out = self.out(h)
-        return self.unpatchify(out.to(_acc(param_dtype)), f), keys, values
+            out = self.out(h).to(_acc(param_dtype))
+        if self.cfg.prediction != "warp":
+            return self.unpatchify(out, f), keys, values
+        c = self.cfg.channels
+        residual = self.unpatchify(out[..., :c * self.cfg.patch ** 2], f)
+        flow = self.unpatchify(out[..., c * self.cfg.patch ** 2:], f, channels=2)
+        return warp(reference.to(out.dtype).expand(b, -1, -1, -1, -1), flow) + residual, \
+            keys, values
 
     def _prefix_attend(self, cache: ContextCache, layer: int, x: Tensor):
         """Attention of the rows' own tokens plus layer ``layer``'s shared history."""
