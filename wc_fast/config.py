@@ -208,7 +208,7 @@ def _cpu() -> Config:
     cfg.rollout.steps = 10
     cfg.reward.trans_thresholds = (0.08, 0.12)
     cfg.reward.rot_threshold_deg = 2.0
-    cfg.optim.lr = 1e-4
+    cfg.optim.lr = 3e-5
     cfg.train.steps = 300
     cfg.train.eval_sequences = 16
     return cfg
