@@ -287,7 +287,7 @@ class TinyWorldDiT(nn.Module):
         attend = self._masked_attend(chunk[:, None] >= chunk[None, :])
         sig = self._history_sigma(sigma, frames.device)
         _, keys, values = self._run(frames, sig, actions, self.empty_cache(), attend=attend,
-                                    reference=self._sequence_reference(frames))
+                                    reference=self._sequence_reference(frames), head_from=None)
         return ContextCache(keys=keys, values=values, num_frames=frames.shape[1],
                             signature=self.signature, last_frame=frames[:, -1])
 
@@ -333,8 +333,8 @@ class TinyWorldDiT(nn.Module):
             reference = torch.cat([reference, reference[:, 1:]], dim=1)
         out, _, _ = self._run(torch.cat([frames, x_t], dim=1), all_sigma, all_actions,
                               self.empty_cache(), attend=attend, positions=positions,
-                              reference=reference)
-        return self._as_velocity(out[:, total:], x_t, sigma.repeat_interleave(f, dim=1))
+                              reference=reference, head_from=total)
+        return self._as_velocity(out, x_t, sigma.repeat_interleave(f, dim=1))
 
     def _chunk_ids(self, frames: int, device: torch.device) -> Tensor:
         """Chunk index of every frame of a history that starts with the prompt frame."""
@@ -356,7 +356,8 @@ class TinyWorldDiT(nn.Module):
                       sigma: float) -> ContextCache:
         sig = self._history_sigma(sigma, frames.device)
         _, keys, values = self._run(frames, sig, actions, cache,
-                                    reference=self._cache_reference(cache, frames))
+                                    reference=self._cache_reference(cache, frames),
+                                    head_from=None)
         if cache.keys:
             keys = [torch.cat([old, new], dim=2) for old, new in zip(cache.keys, keys,
                                                                      strict=True)]
@@ -424,14 +425,16 @@ class TinyWorldDiT(nn.Module):
         return torch.cat([torch.zeros_like(frames[:, :1]), frames[:, index]], dim=1)
 
     def _run(self, frames: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache,
-             attend=None, positions: Tensor | None = None, reference: Tensor | None = None
-             ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+             attend=None, positions: Tensor | None = None, reference: Tensor | None = None,
+             head_from: int | None = 0) -> tuple[Tensor | None, list[Tensor], list[Tensor]]:
         """Run all blocks on one chunk per row against the shared history in ``cache``.
 
         ``sigma`` ``[B]`` or per frame ``[B, F]``. ``attend(q, k, v)`` replaces the
         shared-prefix attention and ``positions`` ``[F]`` the frame positions when given
         (masked whole-sequence variants). ``reference`` ``[B or 1, F, C, H, W]``: each frame's
         reference frame, concatenated channel-wise (models with ``reference_frame``).
+        The output head runs on frames ``head_from:`` only (``None``: not at all, for
+        history chunks whose prediction nobody reads); the output covers those frames.
         """
         b, f = frames.shape[:2]
         device = frames.device
@@ -451,16 +454,19 @@ class TinyWorldDiT(nn.Module):
                 x, k, v = block(x, cond, angles, attend or self._prefix_attend(cache, i, x))
                 keys.append(k)
                 values.append(v)
+            if head_from is None:
+                return None, keys, values
+            cond, n = cond[:, head_from:], f - head_from
             shift, scale = self.final_modulation(F.silu(cond)).chunk(2, dim=-1)
-            h = Block._modulate(x, shift, scale, f)
+            h = Block._modulate(x[:, head_from * self.tokens_per_frame:], shift, scale, n)
             out = self.out(h).to(_acc(param_dtype))
         if self.cfg.prediction != "warp":
-            return self.unpatchify(out, f), keys, values
+            return self.unpatchify(out, n), keys, values
         c = self.cfg.channels
-        residual = self.unpatchify(out[..., :c * self.cfg.patch ** 2], f)
-        flow = self.unpatchify(out[..., c * self.cfg.patch ** 2:], f, channels=2)
-        return warp(reference.to(out.dtype).expand(b, -1, -1, -1, -1), flow) + residual, \
-            keys, values
+        residual = self.unpatchify(out[..., :c * self.cfg.patch ** 2], n)
+        flow = self.unpatchify(out[..., c * self.cfg.patch ** 2:], n, channels=2)
+        reference = reference[:, head_from:].to(out.dtype).expand(b, -1, -1, -1, -1)
+        return warp(reference, flow) + residual, keys, values
 
     def _prefix_attend(self, cache: ContextCache, layer: int, x: Tensor):
         """Attention of the rows' own tokens plus layer ``layer``'s shared history."""
