@@ -247,3 +247,5 @@ def test_untrained_warp_model_predicts_the_reference_frame():
 def test_warp_needs_reference_frames():
     with pytest.raises(ValueError, match="reference_frame"):
         TinyWorldDiT(dataclasses.replace(CFG, prediction="warp", reference_frame=False))
+    with pytest.raises(ValueError, match="model.prediction must be one of"):
+        TinyWorldDiT(dataclasses.replace(CFG, prediction="eps"))

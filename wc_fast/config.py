@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass, field
 
 PRESETS = ("paper", "official", "cpu", "smoke")
+PREDICTIONS = ("velocity", "x0", "warp")  # what the world model's output head predicts
 
 
 @dataclass(slots=True)
@@ -359,9 +360,7 @@ def validate(cfg: Config) -> None:
     _require(m.dim % m.heads == 0, "model.dim", f"a multiple of model.heads={m.heads}", m.dim)
     _require(0.0 <= m.context_sigma < 1.0, "model.context_sigma", "in [0, 1)", m.context_sigma)
     _choices("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
-    _choices("model.prediction", m.prediction, ("velocity", "x0", "warp"))
-    _require(m.reference_frame or m.prediction != "warp", "model.prediction",
-             "'velocity' or 'x0' without model.reference_frame", m.prediction)
+    _choices("model.prediction", m.prediction, PREDICTIONS)
     _require(ro.group_size >= 2, "rollout.group_size", "an integer >= 2", ro.group_size)
     _require(ro.shift > 0, "rollout.shift", "> 0", ro.shift)
     _choices("rollout.mode", ro.mode, ("clip", "sample"))

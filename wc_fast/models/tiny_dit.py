@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from kernels import prefix_attention
 from kernels._checks import values_checkable
 from wc_fast.actions import NUM_ACTIONS
-from wc_fast.config import ModelConfig
+from wc_fast.config import PREDICTIONS, ModelConfig
 from wc_fast.models.protocol import ContextCache
 from wc_fast.models.rope import apply_rope, rope_angles
 
@@ -135,6 +135,9 @@ class TinyWorldDiT(nn.Module):
         if cfg.resolution % cfg.patch or cfg.dim % cfg.heads:
             raise ValueError("model.resolution must be a multiple of model.patch and model.dim "
                              "a multiple of model.heads")
+        if cfg.prediction not in PREDICTIONS:
+            raise ValueError(f"model.prediction must be one of {PREDICTIONS}, got "
+                             f"{cfg.prediction!r}")
         if cfg.prediction == "warp" and not cfg.reference_frame:
             raise ValueError("model.prediction='warp' warps the reference frame: it needs "
                              "model.reference_frame=True")
