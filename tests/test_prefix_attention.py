@@ -17,10 +17,10 @@ CASES = [  # (B, H, P, Lq, Lk, D)
 TOL = {torch.float64: (1e-10, 1e-10), torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2)}
 
 
-def _inputs(case, dtype, seed=0):
+def _inputs(case, dtype, seed=0, device="cpu"):
     b, h, p, lq, lk, d = case
     g = torch.Generator().manual_seed(seed + sum(case))
-    make = lambda *s: torch.randn(*s, generator=g, dtype=torch.float32).to(dtype)  # noqa: E731
+    make = lambda *s: torch.randn(*s, generator=g).to(device, dtype)  # noqa: E731
     tensors = (make(b, h, lq, d), make(b, h, lk, d), make(b, h, lk, d), make(1, h, p, d),
                make(1, h, p, d))
     return [t.requires_grad_(True) for t in tensors]

@@ -12,6 +12,7 @@ import types
 
 import pytest
 import torch
+from test_prefix_attention import CASES, _inputs
 
 import kernels
 from kernels import _backend, reference
@@ -19,23 +20,7 @@ from kernels._prefix_flash_attn import FlashAttnKernels
 from kernels._prefix_split import split_prefix_attention
 from kernels.prefix_attention import _FAST
 
-CASES = [  # (B, H, P, L, Lk, D)
-    (1, 1, 1, 1, 1, 4),
-    (3, 2, 0, 5, 5, 8),
-    (2, 3, 7, 3, 0, 5),
-    (4, 2, 37, 9, 9, 17),
-    (5, 1, 3, 2, 11, 3),
-]
 NAMES = ("q", "k", "v", "prefix_k", "prefix_v")
-
-
-def _inputs(case, dtype=torch.float32, device="cpu", seed=0):
-    b, h, p, lq, lk, d = case
-    g = torch.Generator().manual_seed(seed + sum(case))
-    make = lambda *s: torch.randn(*s, generator=g).to(device, dtype)  # noqa: E731
-    tensors = (make(b, h, lq, d), make(b, h, lk, d), make(b, h, lk, d), make(1, h, p, d),
-               make(1, h, p, d))
-    return [t.requires_grad_(True) for t in tensors]
 
 
 def _check(fn, ins, rtol=2e-5, atol=2e-5):
@@ -144,7 +129,7 @@ def _xformers_modules():
 def test_flash_attn_split_matches_reference(case, interface):
     kernels_ = FlashAttnKernels(interface)
     _check(lambda *a: split_prefix_attention(*a, a[0].shape[-1] ** -0.5, kernels_),
-           _inputs(case))
+           _inputs(case, torch.float32))
 
 
 def test_flash_attn_backend_loads_the_installed_library(monkeypatch):
@@ -155,7 +140,7 @@ def test_flash_attn_backend_loads_the_installed_library(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", package)
     _prefix_flash_attn.flash_attn_kernels.cache_clear()
     try:
-        ins = _inputs(CASES[3])
+        ins = _inputs(CASES[3], torch.float32)
         out = _FAST["flash_attn"](*ins, 0.3)
         torch.testing.assert_close(out, reference.prefix_attention(*ins, scale=0.3),
                                    rtol=2e-5, atol=2e-5)
@@ -168,7 +153,8 @@ def test_flash_attn_backend_loads_the_installed_library(monkeypatch):
 def test_xformers_partials_match_reference(case, monkeypatch):
     for name, module in _xformers_modules().items():
         monkeypatch.setitem(sys.modules, name, module)
-    _check(lambda *a: _FAST["xformers"](*a, a[0].shape[-1] ** -0.5), _inputs(case))
+    _check(lambda *a: _FAST["xformers"](*a, a[0].shape[-1] ** -0.5),
+           _inputs(case, torch.float32))
 
 
 @pytest.mark.parametrize("backend", ["flash_attn", "xformers"])
@@ -180,7 +166,8 @@ def test_library_backends_need_cuda(backend):
 
 def test_flash_attn_rejects_float32_and_wide_heads():
     with pytest.raises(TypeError, match="flash_attn.*float16, bfloat16"):
-        kernels.prefix_attention(*[t.detach() for t in _inputs(CASES[0])], backend="flash_attn")
+        kernels.prefix_attention(*[t.detach() for t in _inputs(CASES[0], torch.float32)],
+                                 backend="flash_attn")
     wide = [t.detach() for t in _inputs((1, 1, 2, 2, 2, 264), torch.bfloat16)]
     with pytest.raises(TypeError, match="D <= 256"):
         kernels.prefix_attention(*wide, backend="flash_attn")
@@ -201,4 +188,4 @@ def test_cuda_library_matches_reference(backend, case):
     if _backend.unavailable_reason(backend, torch.device("cuda")) is not None:
         pytest.skip(_backend.unavailable_reason(backend, torch.device("cuda")))
     _check(lambda *a: kernels.prefix_attention(*a, backend=backend),
-           _inputs(case, torch.bfloat16, "cuda"), rtol=2e-2, atol=2e-2)
+           _inputs(case, torch.bfloat16, device="cuda"), rtol=2e-2, atol=2e-2)
