@@ -228,6 +228,23 @@ def test_warp_shifts_by_whole_pixels_exactly_and_keeps_zero_flow_identity():
                                rtol=0, atol=1e-12)  # border values past the edge
 
 
+def test_affine_flow_is_a_shift_plus_a_linear_field_about_the_image_centre():
+    from wc_fast.models.tiny_dit import affine_flow
+
+    params = torch.zeros(2, 3, 6, dtype=torch.float64)
+    params[0, 1] = torch.tensor([1.5, 0, 0, -2.0, 0, 0], dtype=torch.float64)  # a pure shift
+    params[1, 2] = torch.tensor([0, 0.1, 0, 0, 0, 0.1], dtype=torch.float64)  # a zoom
+    flow = affine_flow(params, 8)
+    assert flow.shape == (2, 3, 2, 8, 8)
+    assert torch.equal(flow[0, 1, 0], torch.full((8, 8), 1.5, dtype=torch.float64))
+    assert torch.equal(flow[0, 1, 1], torch.full((8, 8), -2.0, dtype=torch.float64))
+    assert not flow[0, 0].any() and not flow[1, :2].any()
+    offsets = torch.arange(8, dtype=torch.float64) - 3.5  # pixel centres minus the centre
+    torch.testing.assert_close(flow[1, 2, 0], 0.1 * offsets.expand(8, 8), rtol=0, atol=1e-15)
+    torch.testing.assert_close(flow[1, 2, 1], 0.1 * offsets[:, None].expand(8, 8), rtol=0,
+                               atol=1e-15)
+
+
 def test_untrained_warp_model_predicts_the_reference_frame():
     """Zero-initialised head: no flow, no residual, so the clean-clip estimate is the last
     history frame and a one-step sample from any sigma copies it."""

@@ -59,6 +59,20 @@ def warp(frames: Tensor, flow: Tensor) -> Tensor:
     return out.reshape(b, f, c, h, w)
 
 
+def affine_flow(params: Tensor, size: int) -> Tensor:
+    """Per-frame affine flow fields ``[B, F, 2, size, size]`` in pixels from ``params``
+    ``[B, F, 6]``: ``flow_x = p0 + p1 u + p2 v``, ``flow_y = p3 + p4 u + p5 v`` with ``u, v``
+    the pixel centre's offset from the image centre in pixels.
+
+    A camera turn moves the whole view by a few pixels per frame; one shared shift gets the
+    gradient of every pixel, where a per-pixel flow only sees its local image gradient.
+    """
+    offsets = torch.arange(size, device=params.device, dtype=params.dtype) + 0.5 - size / 2
+    v, u = torch.meshgrid(offsets, offsets, indexing="ij")
+    basis = torch.stack([torch.ones_like(u), u, v])  # [3, size, size]
+    return torch.einsum("bfak,khw->bfahw", params.unflatten(-1, (2, 3)), basis)
+
+
 class Attention(nn.Module):
     """Multi-head attention with q/k RMS norm and RoPE, over a shared prefix plus own tokens."""
 
@@ -157,10 +171,15 @@ class TinyWorldDiT(nn.Module):
         nn.init.normal_(self.action_embed.weight, std=1.0)
         self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads) for _ in range(cfg.depth))
         self.final_modulation = nn.Linear(cfg.dim, 2 * cfg.dim)
-        # "warp" adds a 2-channel flow per pixel to the clean-clip residual
+        # "warp" adds a 2-channel flow per pixel to the clean-clip residual, plus a global
+        # affine flow per frame read from the frame's mean token
         flow_dim = 2 * cfg.patch * cfg.patch if cfg.prediction == "warp" else 0
         self.out = nn.Linear(cfg.dim, patch_dim + flow_dim)
-        for layer in (self.final_modulation, self.out):
+        zero_init = [self.final_modulation, self.out]
+        if cfg.prediction == "warp":
+            self.affine_flow = nn.Linear(cfg.dim, 6)
+            zero_init.append(self.affine_flow)
+        for layer in zero_init:
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
@@ -468,6 +487,9 @@ class TinyWorldDiT(nn.Module):
         c = self.cfg.channels
         residual = self.unpatchify(out[..., :c * self.cfg.patch ** 2], n)
         flow = self.unpatchify(out[..., c * self.cfg.patch ** 2:], n, channels=2)
+        frame_tokens = h.reshape(b, n, self.tokens_per_frame, -1).mean(dim=2)
+        flow = flow + affine_flow(self.affine_flow(frame_tokens).to(flow.dtype),
+                                  self.cfg.resolution)
         reference = reference[:, head_from:].to(out.dtype).expand(b, -1, -1, -1, -1)
         return warp(reference, flow) + residual, keys, values
 
