@@ -150,3 +150,18 @@ def test_compiled_train_phase_matches_eager(tmp_path):
     init = TinyWorldDiT(preset("smoke").model).state_dict()
     moved = max((weights["true"][k] - init[k]).abs().max().item() for k in init)
     assert moved > 1e-5  # the step did update the weights, so the comparison can fail
+
+
+def test_init_weights_must_match_the_model_config_except_its_dtype(tmp_path):
+    from wc_fast.models.pretrained import export_world_model
+    from wc_fast.train import initial_model
+
+    cfg = preset("smoke")
+    weights = export_world_model(TinyWorldDiT(cfg.model), tmp_path / "w.safetensors", {})
+    cfg.train.init = str(weights)
+    cfg.model.dtype = "bfloat16"  # the autocast dtype is the run's choice
+    model = initial_model(cfg, torch.device("cpu"))
+    assert model.cfg.dtype == "bfloat16" and model.patch_embed.weight.dtype == torch.float32
+    cfg.model.dim = 64
+    with pytest.raises(ValueError, match=r"model.dim: weights 32 vs config 64"):
+        initial_model(cfg, torch.device("cpu"))

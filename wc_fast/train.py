@@ -49,12 +49,15 @@ def initial_model(cfg: config_lib.Config, device: torch.device) -> TinyWorldDiT:
         return TinyWorldDiT(cfg.model).to(device)
     path = BASE_WEIGHTS if cfg.train.init == "base" else Path(cfg.train.init)
     model = load_world_model(path, device=device)
-    if dataclasses.asdict(model.cfg) != dataclasses.asdict(cfg.model):
-        diffs = [f"model.{k}: weights {v!r} vs config {getattr(cfg.model, k)!r}"
-                 for k, v in dataclasses.asdict(model.cfg).items()
-                 if getattr(cfg.model, k) != v]
+    # the weights are fp32 whatever dtype they were trained in: model.dtype (the autocast
+    # dtype of the matmuls) is a choice of this run, every other field must match the weights
+    diffs = [f"model.{k}: weights {v!r} vs config {getattr(cfg.model, k)!r}"
+             for k, v in dataclasses.asdict(model.cfg).items()
+             if k != "dtype" and getattr(cfg.model, k) != v]
+    if diffs:
         raise ValueError(f"{path} does not match the configured model ({'; '.join(diffs)}); "
                          "use a matching --model.* or --train.init random")
+    model.cfg = dataclasses.replace(model.cfg, dtype=cfg.model.dtype)
     return model.train()
 
 
