@@ -6,7 +6,9 @@ Both start from the same weights at the same iteration (the longest history, cli
 the same numbers of candidates, sigmas and updates; one warm-up iteration each (which also
 absorbs compilation, e.g. with ``--set nft.compile=true``) is not timed. Writes per-phase
 seconds for both, the speedup, and ``flop_fraction``: the trainer's model FLOP/s in its train
-phase over a large fp32 matmul's FLOP/s measured in the same run (bf16 on GPU).
+phase over a large fp32 matmul's FLOP/s measured in the same run (bf16 on GPU); ``mfu`` is the
+same over a matmul in the model's compute dtype (``model.dtype``), which differs on CPU only
+for a bf16/fp16 model.
 """
 
 from __future__ import annotations
@@ -67,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         flops += stats.train_flops
         train_s += stats.times["train"]
         their_times.append(theirs.run(step + i * cfg.rollout.num_clips))
-    peak = matmul_flops(device, torch.float32 if device.type == "cpu" else torch.bfloat16)
+    reference_dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    peak = matmul_flops(device, reference_dtype)
+    compute_dtype = getattr(torch, cfg.model.dtype)
+    # MFU proper: the same rate at the dtype the model's matmuls run in (autocast)
+    peak_compute = peak if compute_dtype == reference_dtype else matmul_flops(device,
+                                                                               compute_dtype)
 
     def mean_phases(rows: list[dict]) -> dict:
         return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
@@ -77,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
               "ours_s": sum(ours_p.values()), "official_style_s": sum(theirs_p.values()),
               "ours_phases_s": ours_p, "official_style_phases_s": theirs_p,
               "train_flops_per_s": flops / train_s, "matmul_flops_per_s": peak,
-              "flop_fraction": flops / train_s / peak}
+              "flop_fraction": flops / train_s / peak,
+              "compute_dtype": cfg.model.dtype, "compute_dtype_matmul_flops_per_s": peak_compute,
+              "mfu": flops / train_s / peak_compute}
     result["speedup"] = result["official_style_s"] / result["ours_s"]
     print(f"{'phase':<10}{'ours (s)':>12}{'official-style (s)':>20}{'ratio':>8}")
     for phase in ours_p:
@@ -88,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"train-phase model FLOP/s {result['train_flops_per_s'] / 1e9:.1f} G = "
           f"{100 * result['flop_fraction']:.0f}% of a large matmul's "
           f"{peak / 1e9:.1f} GFLOP/s")
+    if peak_compute != peak:
+        print(f"  = {100 * result['mfu']:.0f}% of a large {cfg.model.dtype} matmul's "
+              f"{peak_compute / 1e9:.1f} GFLOP/s (the dtype the model's matmuls run in)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))

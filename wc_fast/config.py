@@ -203,7 +203,7 @@ def _cpu() -> Config:
     cfg.model.patch = 8
     cfg.model.depth = 4
     cfg.model.prediction = "warp"
-    cfg.pretrain.steps = 6000
+    cfg.pretrain.steps = 8000
     cfg.rollout.group_size = 8
     cfg.rollout.num_clips = 3
     cfg.rollout.steps = 10
