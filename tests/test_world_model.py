@@ -266,3 +266,24 @@ def test_warp_needs_reference_frames():
         TinyWorldDiT(dataclasses.replace(CFG, prediction="warp", reference_frame=False))
     with pytest.raises(ValueError, match="model.prediction must be one of"):
         TinyWorldDiT(dataclasses.replace(CFG, prediction="eps"))
+
+
+@pytest.mark.parametrize("prediction", ["velocity", "x0", "warp"])
+def test_bfloat16_autocast_model_tracks_the_fp32_model(prediction):
+    """``model.dtype='bfloat16'`` runs the matmuls under autocast, every head included, and
+    returns fp32 velocities close to the fp32 model's with the same weights."""
+    cfg = dataclasses.replace(CFG, prediction=prediction)
+    exact = _model(cfg).float()
+    fast = TinyWorldDiT(dataclasses.replace(cfg, dtype="bfloat16"))
+    fast.load_state_dict(exact.state_dict())
+    frames, actions = _history(1)
+    x = torch.randn(3, 2, 3, 16, 16)
+    sigma = torch.tensor([0.9, 0.5, 0.1])
+    outs = []
+    for model in (exact, fast):
+        cache = model.extend_cache(model.empty_cache(), frames.float(), actions, sigma=0.014)
+        with torch.no_grad():
+            outs.append(model.velocity(x, sigma, actions[0, 1:], cache))
+    assert outs[1].dtype == torch.float32 and outs[1].isfinite().all()
+    scale = outs[0].abs().mean()
+    assert (outs[1] - outs[0]).abs().mean() < 0.05 * scale

@@ -482,14 +482,14 @@ class TinyWorldDiT(nn.Module):
             shift, scale = self.final_modulation(F.silu(cond)).chunk(2, dim=-1)
             h = Block._modulate(x[:, head_from * self.tokens_per_frame:], shift, scale, n)
             out = self.out(h).to(_acc(param_dtype))
-        if self.cfg.prediction != "warp":
-            return self.unpatchify(out, n), keys, values
+            if self.cfg.prediction != "warp":
+                return self.unpatchify(out, n), keys, values
+            frame_tokens = h.reshape(b, n, self.tokens_per_frame, -1).mean(dim=2)
+            affine = self.affine_flow(frame_tokens).to(out.dtype)
         c = self.cfg.channels
         residual = self.unpatchify(out[..., :c * self.cfg.patch ** 2], n)
         flow = self.unpatchify(out[..., c * self.cfg.patch ** 2:], n, channels=2)
-        frame_tokens = h.reshape(b, n, self.tokens_per_frame, -1).mean(dim=2)
-        flow = flow + affine_flow(self.affine_flow(frame_tokens).to(flow.dtype),
-                                  self.cfg.resolution)
+        flow = flow + affine_flow(affine, self.cfg.resolution)
         reference = reference[:, head_from:].to(out.dtype).expand(b, -1, -1, -1, -1)
         return warp(reference, flow) + residual, keys, values
 
