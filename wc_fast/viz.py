@@ -63,7 +63,7 @@ def save_rollout_grid(path: str | Path, frames: Tensor, c2w_cmd: Tensor | None =
                                            (c2w_est, "x--", "estimated")) if c is not None]
     columns = t + (1 if paths else 0)
     fig, axes = plt.subplots(n, columns, figsize=(1.3 * columns + (1.2 if paths else 0),
-                                                  1.45 * n), squeeze=False)
+                                                  1.6 * n), squeeze=False)
     for row in range(n):
         for col in range(t):
             ax = axes[row, col]
@@ -71,11 +71,14 @@ def save_rollout_grid(path: str | Path, frames: Tensor, c2w_cmd: Tensor | None =
                       cmap="gray")
             ax.set_xticks([])
             ax.set_yticks([])
-            if row == 0:
-                ax.set_title(f"t={col}", fontsize=7)
+            if row == n - 1:
+                ax.set_xlabel(f"t={col}", fontsize=7)
         if titles is not None:
-            axes[row, 0].set_ylabel(titles[row], fontsize=6, rotation=0, ha="right",
-                                    va="center")
+            # above the row, left-aligned: a long command list runs along the row instead of
+            # off the figure's left edge
+            title = axes[row, 0].text(0.0, 1.06, titles[row], transform=axes[row, 0].transAxes,
+                                      fontsize=6, ha="left", va="bottom")
+            title.set_in_layout(False)
         if paths:
             ax = axes[row, t]
             for c2w, style, label in paths:
