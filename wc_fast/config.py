@@ -32,10 +32,11 @@ class ModelConfig:
     either way. With large pixel patches (patch dim >= model dim) the clean frames lie on a
     low-dimensional manifold the narrow token stream can carry while the noise does not, so
     x0 prediction gives sharper frames (Li and He, "Back to Basics: Let Denoising Generative
-    Models Denoise", 2025). ``warp`` predicts the clean clip as the reference frame warped by a
-    per-pixel flow (bilinear) plus a residual, both from the head: camera motion in a static
-    scene is mostly a warp of the last frame, and a warp keeps its detail sharp where a
-    narrow token stream would blur it. Needs ``reference_frame``.
+    Models Denoise", 2025). ``warp`` predicts the clean clip as the reference frame warped
+    (bilinear) by a per-pixel flow plus a global affine flow per frame, plus a residual, all
+    from the head: camera motion in a static scene is mostly a warp of the last frame, and a
+    warp keeps its detail sharp where a narrow token stream would blur it. Needs
+    ``reference_frame``.
     """
 
     resolution: int = 32
