@@ -1,5 +1,5 @@
-"""The RL-iteration benchmark script runs end to end on the smoke preset and reports sane
-numbers (its timings are not asserted: speed is measured by running it, not in tests)."""
+"""The bench/ scripts run end to end on the smoke preset and report sane numbers (timings are
+not asserted: speed is measured by running the scripts, not in tests)."""
 
 import importlib.util
 import json
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "rl_iteration.py"
+BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("rl_iteration", SCRIPT)
+def _load(name: str = "rl_iteration"):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -31,3 +31,12 @@ def test_rl_iteration_writes_both_sides_phase_times_and_flop_rates(tmp_path, dty
     assert 0 < result["flop_fraction"] and 0 < result["mfu"]
     if dtype == "float32":
         assert result["mfu"] == result["flop_fraction"]
+
+
+def test_reward_agreement_reports_a_pair_fraction_and_a_correlation(capsys):
+    assert _load("reward_agreement").main(["--preset", "smoke", "--groups", "2",
+                                           "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    fraction = float(out.split("ordered alike: ")[1].split(" = ")[1].split()[0])
+    assert 0.0 <= fraction <= 1.0
+    assert "correlation of reward IF and evaluation IF" in out
