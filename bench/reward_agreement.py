@@ -18,9 +18,7 @@ import sys
 import torch
 
 from wc_fast import config as config_lib
-from wc_fast.actions import split_action
-from wc_fast.rewards import load_estimator
-from wc_fast.rewards.interaction import interaction_score
+from wc_fast.rewards import if_scores, load_estimator
 from wc_fast.runtime import resolve_device
 from wc_fast.train import initial_model
 from wc_fast.trainer import Trainer
@@ -41,14 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     rewards, evals, spread = [], [], torch.zeros(2)
     for step in range(args.groups):
         (group,) = trainer.rollout(step, step % cfg.rollout.num_clips + 1)
-        reward = trainer.rewards([group])[0][0].double()
-        frames = group.reward_frames()
-        trans, rot = split_action(group.clip_actions.expand(frames.shape[0], -1))
-        with torch.no_grad():
-            c2w = evaluator(frames).double()
-        evaluation = interaction_score(c2w, trans, rot, trans_thresholds=rw.trans_thresholds,
-                                       rot_threshold_deg=rw.rot_threshold_deg).cpu()
-        reward = reward.cpu()
+        reward = trainer.rewards([group])[0][0].double().cpu()
+        evaluation = if_scores(evaluator, group.reward_frames(), group.clip_actions,
+                               trans_thresholds=rw.trans_thresholds,
+                               rot_threshold_deg=rw.rot_threshold_deg).double().cpu()
         dr = torch.sign(reward[:, None] - reward[None, :]).triu(1)
         de = torch.sign(evaluation[:, None] - evaluation[None, :]).triu(1)
         told_apart = (dr != 0) & (de != 0)
