@@ -41,7 +41,7 @@ class OfficialStyleIteration:
         self.model = model.to(device).train()
         self.ema_cpu = {k: v.detach().float().cpu().clone()
                         for k, v in self.model.state_dict().items()}
-        self.optimizers = build_optimizers(self.model, cfg.optim)
+        self.optimizers = build_optimizers(self.model, cfg.optim, grouped=False)
         ro = cfg.rollout
         self.sampler = ClipSampler(self.model, steps=ro.steps, shift=ro.shift, capture="eager")
         self.sigmas = sigma_schedule(ro.steps, ro.shift)[:-1]

@@ -1,4 +1,4 @@
-"""ShardedMuon on FSDP2-style sharded matrices equals torch's Muon on the whole matrix."""
+"""ShardedMuon on FSDP2-style sharded matrices equals GroupedMuon on the whole matrices."""
 
 import os
 import socket
@@ -6,7 +6,8 @@ import socket
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.optim import Muon
+
+from wc_fast.optim import GroupedMuon
 
 
 def _free_port() -> int:
@@ -15,12 +16,21 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _gradients() -> list[torch.Tensor]:
+SHAPES = [(97, 33), (97, 33), (40, 33)]  # a batched pair and a lone matrix
+
+
+def _gradients() -> list[list[torch.Tensor]]:
+    """Three steps of gradients for the matrices of ``SHAPES``."""
     gen = torch.Generator().manual_seed(0)
     # nearly rank 4: Newton-Schulz amplifies the small directions, so partial-sum rounding
     # across ranks would show
-    return [torch.randn(97, 4, generator=gen) @ torch.randn(4, 33, generator=gen)
-            + 1e-4 * torch.randn(97, 33, generator=gen) for _ in range(3)]
+    return [[torch.randn(m, 4, generator=gen) @ torch.randn(4, n, generator=gen)
+             + 1e-4 * torch.randn(m, n, generator=gen) for m, n in SHAPES] for _ in range(3)]
+
+
+def _starts() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randn(*shape, generator=gen) for shape in SHAPES]
 
 
 def _rank(rank: int, port: int, out: str) -> None:
@@ -33,28 +43,30 @@ def _rank(rank: int, port: int, out: str) -> None:
     from wc_fast.optim import ShardedMuon
 
     mesh = init_device_mesh("cpu", (2,))
-    start = torch.randn(97, 33, generator=torch.Generator().manual_seed(1))
-    param = torch.nn.Parameter(distribute_tensor(start, mesh, [Shard(0)]))
-    opt = ShardedMuon([param], lr=0.05, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
-    for grad in _gradients():
-        param.grad = distribute_tensor(grad, mesh, [Shard(0)])
+    params = [torch.nn.Parameter(distribute_tensor(t, mesh, [Shard(0)])) for t in _starts()]
+    opt = ShardedMuon(params, lr=0.05, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
+    for grads in _gradients():
+        for param, grad in zip(params, grads):
+            param.grad = distribute_tensor(grad, mesh, [Shard(0)])
         opt.step()
-    result = param.detach().full_tensor()
-    momentum = opt.state[param]["momentum_buffer"].full_tensor()
+    result = [p.detach().full_tensor() for p in params]
+    momentum = [opt.state[p]["momentum_buffer"].full_tensor() for p in params]
     if rank == 0:
-        torch.save({"param": result, "momentum": momentum}, out)
+        torch.save({"params": result, "momentum": momentum}, out)
     dist.destroy_process_group()
 
 
-def test_sharded_muon_equals_muon_on_the_whole_matrix(tmp_path):
+def test_sharded_muon_equals_grouped_muon_on_the_whole_matrices(tmp_path):
     out = str(tmp_path / "sharded.pt")
     mp.spawn(_rank, args=(_free_port(), out), nprocs=2, join=True)
     sharded = torch.load(out)
-    param = torch.nn.Parameter(torch.randn(97, 33, generator=torch.Generator().manual_seed(1)))
-    opt = Muon([param], lr=0.05, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
-    for grad in _gradients():
-        param.grad = grad
+    params = [torch.nn.Parameter(t) for t in _starts()]
+    opt = GroupedMuon(params, lr=0.05, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
+    for grads in _gradients():
+        for param, grad in zip(params, grads):
+            param.grad = grad
         opt.step()
-    torch.testing.assert_close(sharded["param"], param.detach(), rtol=0, atol=0)
-    torch.testing.assert_close(sharded["momentum"], opt.state[param]["momentum_buffer"],
-                               rtol=0, atol=0)
+    for i, param in enumerate(params):
+        torch.testing.assert_close(sharded["params"][i], param.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(sharded["momentum"][i], opt.state[param]["momentum_buffer"],
+                                   rtol=0, atol=0)
