@@ -201,9 +201,9 @@ class Trainer:
         if mode == "reuse":
             return old_cache
         with torch.set_grad_enabled(mode == "recompute_grad"):
-            return self.model.extend_cache(self.model.empty_cache(), group.history[row:row + 1],
-                                           group.history_actions[row:row + 1],
-                                           sigma=self.model.cfg.context_sigma)
+            return self.model.build_cache_parallel(group.history[row:row + 1],
+                                                   group.history_actions[row:row + 1],
+                                                   sigma=self.model.cfg.context_sigma)
 
     def _accumulate(self, item: dict, total: float) -> tuple[float, float]:
         """Backward of the item's loss sum / ``total`` in micro-batches over shared caches."""
