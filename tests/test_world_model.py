@@ -287,3 +287,21 @@ def test_bfloat16_autocast_model_tracks_the_fp32_model(prediction):
     assert outs[1].dtype == torch.float32 and outs[1].isfinite().all()
     scale = outs[0].abs().mean()
     assert (outs[1] - outs[0]).abs().mean() < 0.05 * scale
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tanh_gelu_compiled_sigmoid_form_equals_the_eager_tanh_form(dtype):
+    from wc_fast.models.tiny_dit import TanhGELU
+
+    gelu = TanhGELU()
+    x = (4 * torch.randn(3, 37, 50)).to(dtype).requires_grad_()
+    grad = torch.randn(3, 37, 50).to(dtype)
+    eager = gelu(x)
+    (eager_grad,) = torch.autograd.grad(eager, x, grad)
+    compiled = torch.compile(gelu, backend="aot_eager")(x)
+    (compiled_grad,) = torch.autograd.grad(compiled, x, grad)
+    torch.testing.assert_close(eager, torch.nn.functional.gelu(x, approximate="tanh"), rtol=0,
+                               atol=0)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(compiled, eager, rtol=tol, atol=tol)
+    torch.testing.assert_close(compiled_grad, eager_grad, rtol=tol, atol=tol)

@@ -26,6 +26,7 @@ from wc_fast.models.rope import apply_rope, rope_angles
 PROMPT_ACTION = NUM_ACTIONS  # embedding id of the first (prompt) frame, which has no action
 # smallest sigma an x0-predicting model divides by: bounds the velocity's gain near sigma = 0
 X0_MIN_SIGMA = 0.05
+GELU_TANH_SCALE = 2 * math.sqrt(2 / math.pi)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -73,6 +74,21 @@ def affine_flow(params: Tensor, size: int) -> Tensor:
     return torch.einsum("bfak,khw->bfahw", params.unflatten(-1, (2, 3)), basis)
 
 
+class TanhGELU(nn.Module):
+    """GELU with the tanh approximation: ``0.5 x (1 + tanh(u)) = x sigmoid(2u)``,
+    ``u = sqrt(2/pi) (x + 0.044715 x^3)``.
+
+    Eagerly this is ``F.gelu(approximate="tanh")``. Under ``torch.compile`` it is written in the
+    sigmoid form, the same function, which the compiler turns into a forward and backward about
+    twice as fast as its tanh form on CPU (2.3 vs 4.9 ms on a ``[1920, 768]`` activation).
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():
+            return x * torch.sigmoid(GELU_TANH_SCALE * (x + 0.044715 * x * x * x))
+        return F.gelu(x, approximate="tanh")
+
+
 class Attention(nn.Module):
     """Multi-head attention with q/k RMS norm and RoPE, over a shared prefix plus own tokens."""
 
@@ -105,7 +121,7 @@ class Block(nn.Module):
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         self.attn = Attention(dim, heads)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"),
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), TanhGELU(),
                                  nn.Linear(4 * dim, dim))
         self.modulation = nn.Linear(dim, 6 * dim)
         nn.init.zeros_(self.modulation.weight)
