@@ -6,9 +6,9 @@ Both start from the same weights at the same iteration (the longest history, cli
 the same numbers of candidates, sigmas and updates; one warm-up iteration each (which also
 absorbs compilation, e.g. with ``--set nft.compile=true``) is not timed. Writes per-phase
 seconds for both, the speedup, and ``flop_fraction``: the trainer's model FLOP/s in its train
-phase over a large fp32 matmul's FLOP/s measured in the same run (bf16 on GPU); ``mfu`` is the
-same over a matmul in the model's compute dtype (``model.dtype``), which differs on CPU only
-for a bf16/fp16 model.
+phase over a large fp32 matmul's FLOP/s (bf16 on GPU) measured right after that train phase,
+the median over the timed iterations; ``mfu`` is the same over a matmul in the model's compute
+dtype (``model.dtype``), which differs on CPU only for a bf16/fp16 model.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -62,19 +63,21 @@ def main(argv: list[str] | None = None) -> int:
     theirs = OfficialStyleIteration(cfg, copy.deepcopy(base), device)
     ours.iteration(step)  # warm-up (allocator, first-call overheads) on both sides
     theirs.run(step)
-    our_times, their_times, flops, train_s = [], [], 0.0, 0.0
+    reference_dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    compute_dtype = getattr(torch, cfg.model.dtype)
+    our_times, their_times, rates, peaks, peaks_compute = [], [], [], [], []
     for i in range(args.repeat):
         stats = ours.iteration(step + i * cfg.rollout.num_clips)
         our_times.append(stats.times)
-        flops += stats.train_flops
-        train_s += stats.times["train"]
+        rates.append(stats.train_flops / stats.times["train"])
+        # the machine's matmul rate right after each train phase: a shared machine's speed
+        # drifts by tens of percent within minutes, so each rate is paired with its own peak
+        peaks.append(matmul_flops(device, reference_dtype, repeat=3))
+        # MFU proper: the same rate at the dtype the model's matmuls run in (autocast)
+        peaks_compute.append(peaks[-1] if compute_dtype == reference_dtype
+                             else matmul_flops(device, compute_dtype, repeat=3))
         their_times.append(theirs.run(step + i * cfg.rollout.num_clips))
-    reference_dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    peak = matmul_flops(device, reference_dtype)
-    compute_dtype = getattr(torch, cfg.model.dtype)
-    # MFU proper: the same rate at the dtype the model's matmuls run in (autocast)
-    peak_compute = peak if compute_dtype == reference_dtype else matmul_flops(device,
-                                                                               compute_dtype)
+    peak, peak_compute = statistics.median(peaks), statistics.median(peaks_compute)
 
     def mean_phases(rows: list[dict]) -> dict:
         return {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
@@ -83,10 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     result = {"preset": cfg.preset, "device": str(device), "clip_index": cfg.rollout.num_clips,
               "ours_s": sum(ours_p.values()), "official_style_s": sum(theirs_p.values()),
               "ours_phases_s": ours_p, "official_style_phases_s": theirs_p,
-              "train_flops_per_s": flops / train_s, "matmul_flops_per_s": peak,
-              "flop_fraction": flops / train_s / peak,
+              "train_flops_per_s": statistics.median(rates), "matmul_flops_per_s": peak,
+              "flop_fraction": statistics.median(r / p for r, p in zip(rates, peaks,
+                                                                          strict=True)),
               "compute_dtype": cfg.model.dtype, "compute_dtype_matmul_flops_per_s": peak_compute,
-              "mfu": flops / train_s / peak_compute}
+              "mfu": statistics.median(r / p for r, p in zip(rates, peaks_compute,
+                                                                strict=True))}
     result["speedup"] = result["official_style_s"] / result["ours_s"]
     print(f"{'phase':<10}{'ours (s)':>12}{'official-style (s)':>20}{'ratio':>8}")
     for phase in ours_p:
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['speedup']:>8.2f}")
     print(f"train-phase model FLOP/s {result['train_flops_per_s'] / 1e9:.1f} G = "
           f"{100 * result['flop_fraction']:.0f}% of a large matmul's "
-          f"{peak / 1e9:.1f} GFLOP/s")
+          f"{peak / 1e9:.1f} GFLOP/s (medians over the timed iterations)")
     if peak_compute != peak:
         print(f"  = {100 * result['mfu']:.0f}% of a large {cfg.model.dtype} matmul's "
               f"{peak_compute / 1e9:.1f} GFLOP/s (the dtype the model's matmuls run in)")

@@ -31,11 +31,11 @@ def test_grouped_muon_matches_torch_muon(nesterov, adjust):
     opt_ours, opt_theirs = GroupedMuon(ours, **kw), Muon(theirs, **kw)
     start = [p.detach().clone() for p in theirs]
     for grads in _grads(SHAPES, 3):
-        for p, q, g in zip(ours, theirs, grads):
+        for p, q, g in zip(ours, theirs, grads, strict=True):
             p.grad, q.grad = g.clone(), g.clone()
         opt_ours.step()
         opt_theirs.step()
-    for p, q, s in zip(ours, theirs, start):
+    for p, q, s in zip(ours, theirs, start, strict=True):
         moved = (q.detach() - s).norm()
         assert moved > 0
         # both orthogonalise in bf16; batched products round differently
@@ -60,12 +60,12 @@ def test_newton_schulz_batch_equals_one_matrix_at_a_time():
 def test_grouped_muon_state_loads_into_torch_muon():
     ours, theirs = _params(SHAPES), _params(SHAPES)
     opt = GroupedMuon(ours, lr=0.02)
-    for p, g in zip(ours, _grads(SHAPES, 1)[0]):
+    for p, g in zip(ours, _grads(SHAPES, 1)[0], strict=True):
         p.grad = g
     opt.step()
     other = Muon(theirs, lr=0.02)
     other.load_state_dict(opt.state_dict())
-    for p, q in zip(ours, theirs):
+    for p, q in zip(ours, theirs, strict=True):
         torch.testing.assert_close(other.state[q]["momentum_buffer"],
                                    opt.state[p]["momentum_buffer"], rtol=0, atol=0)
 

@@ -46,7 +46,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     params = [torch.nn.Parameter(distribute_tensor(t, mesh, [Shard(0)])) for t in _starts()]
     opt = ShardedMuon(params, lr=0.05, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
     for grads in _gradients():
-        for param, grad in zip(params, grads):
+        for param, grad in zip(params, grads, strict=True):
             param.grad = distribute_tensor(grad, mesh, [Shard(0)])
         opt.step()
     result = [p.detach().full_tensor() for p in params]
@@ -63,7 +63,7 @@ def test_sharded_muon_equals_grouped_muon_on_the_whole_matrices(tmp_path):
     params = [torch.nn.Parameter(t) for t in _starts()]
     opt = GroupedMuon(params, lr=0.05, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
     for grads in _gradients():
-        for param, grad in zip(params, grads):
+        for param, grad in zip(params, grads, strict=True):
             param.grad = grad
         opt.step()
     for i, param in enumerate(params):
