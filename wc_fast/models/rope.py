@@ -34,11 +34,23 @@ def rope_angles(frame_pos: Tensor, grid: int, head_dim: int, theta: float = 1000
     return torch.cat(parts, dim=1).to(torch.float32)
 
 
-def apply_rope(x: Tensor, angles: Tensor) -> Tensor:
-    """Rotate pairs ``(i, i + Dh/2)`` of ``x`` ``[B, H, N, Dh]`` by ``angles`` ``[N, Dh/2]``."""
+def rope_tables(frame_pos: Tensor, grid: int, head_dim: int, dtype: torch.dtype = torch.float32
+                ) -> tuple[Tensor, Tensor]:
+    """Cosines and sines ``[N, head_dim // 2]`` of :func:`rope_angles` in ``dtype``.
+
+    Computed once per forward and shared by every layer's queries and keys, so a compiled
+    forward reads two small tables instead of re-evaluating them for every rotated element.
+    """
+    angles = rope_angles(frame_pos, grid, head_dim).to(dtype)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pairs ``(i, i + Dh/2)`` of ``x`` ``[B, H, N, Dh]`` by the angles whose ``cos`` and
+    ``sin`` ``[N, Dh/2]`` are given (:func:`rope_tables`); arithmetic in at least fp32."""
     half = x.shape[-1] // 2
     acc = torch.promote_types(x.dtype, torch.float32)
-    cos, sin = angles.to(acc).cos(), angles.to(acc).sin()
+    cos, sin = cos.to(acc), sin.to(acc)
     x1, x2 = x[..., :half].to(acc), x[..., half:].to(acc)
     out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
     return out.to(x.dtype)

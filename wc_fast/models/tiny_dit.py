@@ -21,7 +21,7 @@ from kernels._checks import values_checkable
 from wc_fast.actions import NUM_ACTIONS
 from wc_fast.config import PREDICTIONS, ModelConfig
 from wc_fast.models.protocol import ContextCache
-from wc_fast.models.rope import apply_rope, rope_angles
+from wc_fast.models.rope import apply_rope, rope_tables
 
 PROMPT_ACTION = NUM_ACTIONS  # embedding id of the first (prompt) frame, which has no action
 # smallest sigma an x0-predicting model divides by: bounds the velocity's gain near sigma = 0
@@ -101,13 +101,13 @@ class Attention(nn.Module):
         self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
         self.proj = nn.Linear(dim, dim)
 
-    def qkv_heads(self, x: Tensor, angles: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``x`` ``[B, N, D]`` -> q, k, v ``[B, H, N, Dh]`` with RoPE on q and k."""
+    def qkv_heads(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """``x`` ``[B, N, D]`` -> q, k, v ``[B, H, N, Dh]`` with RoPE (cos, sin tables) on q, k."""
         b, n, _ = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         acc = _acc(v.dtype)
-        q = apply_rope(self.q_norm(q.to(acc)).to(v.dtype), angles)
-        k = apply_rope(self.k_norm(k.to(acc)).to(v.dtype), angles)
+        q = apply_rope(self.q_norm(q.to(acc)).to(v.dtype), *rope)
+        k = apply_rope(self.k_norm(k.to(acc)).to(v.dtype), *rope)
         return q, k, v
 
     def merge_heads(self, out: Tensor) -> Tensor:
@@ -143,15 +143,16 @@ class Block(nn.Module):
         shape = (b, frames, n // frames, d)
         return torch.addcmul(x.reshape(shape), y.reshape(shape), gate[:, :, None]).reshape(b, n, d)
 
-    def forward(self, x: Tensor, cond: Tensor, angles: Tensor, attend) -> tuple[Tensor, Tensor,
-                                                                              Tensor]:
-        """``x`` ``[B, N, D]``, ``cond`` ``[B, F, D]``; ``attend(q, k, v)`` does the attention.
+    def forward(self, x: Tensor, cond: Tensor, rope: tuple[Tensor, Tensor], attend
+                ) -> tuple[Tensor, Tensor, Tensor]:
+        """``x`` ``[B, N, D]``, ``cond`` ``[B, F, D]``, ``rope`` the (cos, sin) tables
+        ``[N, Dh/2]``; ``attend(q, k, v)`` does the attention.
 
         Returns the new tokens and this block's position-encoded keys/values ``[B, H, N, Dh]``.
         """
         frames = cond.shape[1]
         sa, ca, ga, sm, cm, gm = self.modulation(F.silu(cond)).chunk(6, dim=-1)
-        q, k, v = self.attn.qkv_heads(self._modulate(x, sa, ca, frames), angles)
+        q, k, v = self.attn.qkv_heads(self._modulate(x, sa, ca, frames), rope)
         x = self._gated_residual(x, self.attn.merge_heads(attend(q, k, v)), ga, frames)
         x = self._gated_residual(x, self.mlp(self._modulate(x, sm, cm, frames)), gm, frames)
         return x, k, v
@@ -478,8 +479,9 @@ class TinyWorldDiT(nn.Module):
         device = frames.device
         if positions is None:
             positions = torch.arange(cache.num_frames, cache.num_frames + f, device=device)
-        angles = rope_angles(positions, self.grid, self.cfg.dim // self.cfg.heads)
         param_dtype = self.patch_embed.weight.dtype
+        rope = rope_tables(positions, self.grid, self.cfg.dim // self.cfg.heads,
+                           _acc(param_dtype))
         cond = self._conditioning(sigma.to(param_dtype), actions)
         with self._autocast(device):
             tokens = self.patchify(frames.to(param_dtype))
@@ -489,7 +491,7 @@ class TinyWorldDiT(nn.Module):
             x = self.patch_embed(tokens)
             keys, values = [], []
             for i, block in enumerate(self.blocks):
-                x, k, v = block(x, cond, angles, attend or self._prefix_attend(cache, i, x))
+                x, k, v = block(x, cond, rope, attend or self._prefix_attend(cache, i, x))
                 keys.append(k)
                 values.append(v)
             if head_from is None:
