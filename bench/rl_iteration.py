@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
               "mfu": statistics.median(r / p for r, p in zip(rates, peaks_compute,
                                                                 strict=True))}
     result["speedup"] = result["official_style_s"] / result["ours_s"]
+    result["each"] = {"train_flops_per_s": rates, "matmul_flops_per_s": peaks}
     print(f"{'phase':<10}{'ours (s)':>12}{'official-style (s)':>20}{'ratio':>8}")
     for phase in ours_p:
         print(f"{phase:<10}{ours_p[phase]:>12.2f}{theirs_p[phase]:>20.2f}"

@@ -89,6 +89,21 @@ class TanhGELU(nn.Module):
         return F.gelu(x, approximate="tanh")
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` whose bias add is its own op under ``torch.compile``.
+
+    The compiler then fuses the add into the element-wise kernel that follows (norm, GELU,
+    gated residual). As one ``addmm``, the CPU kernel first copies the broadcast bias into the
+    output: one more pass over every activation (14 ms of a 0.36 s compiled train phase).
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.bias is None or not torch.compiler.is_compiling():
+            return super().forward(x)
+        out = F.linear(x, self.weight)
+        return out + self.bias.to(out.dtype)
+
+
 class Attention(nn.Module):
     """Multi-head attention with q/k RMS norm and RoPE, over a shared prefix plus own tokens."""
 
@@ -96,10 +111,10 @@ class Attention(nn.Module):
         super().__init__()
         self.heads = heads
         self.head_dim = dim // heads
-        self.qkv = nn.Linear(dim, 3 * dim)
+        self.qkv = Linear(dim, 3 * dim)
         self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
         self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
-        self.proj = nn.Linear(dim, dim)
+        self.proj = Linear(dim, dim)
 
     def qkv_heads(self, x: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """``x`` ``[B, N, D]`` -> q, k, v ``[B, H, N, Dh]`` with RoPE (cos, sin tables) on q, k."""
@@ -121,8 +136,7 @@ class Block(nn.Module):
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         self.attn = Attention(dim, heads)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), TanhGELU(),
-                                 nn.Linear(4 * dim, dim))
+        self.mlp = nn.Sequential(Linear(dim, 4 * dim), TanhGELU(), Linear(4 * dim, dim))
         self.modulation = nn.Linear(dim, 6 * dim)
         nn.init.zeros_(self.modulation.weight)
         nn.init.zeros_(self.modulation.bias)
