@@ -37,10 +37,8 @@ def newton_schulz(updates: Tensor, coefficients: tuple[float, float, float], ste
     192-wide matrices those separate products leave most of the machine idle.
     """
     a, b, c = coefficients
-    x = updates.bfloat16()
-    tall = x.size(-2) > x.size(-1)
-    if tall:
-        x = x.mT
+    tall = updates.size(-2) > updates.size(-1)
+    x = (updates.mT if tall else updates).to(torch.bfloat16, memory_format=torch.contiguous_format)
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for _ in range(steps):
         gram = x @ x.mT
