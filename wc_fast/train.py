@@ -138,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     telemetry = GpuTelemetry(device.index or 0)
     console.print(f"wc_fast.train: preset {cfg.preset}, {info.world_size} rank(s) on "
                   f"{device.type}; {telemetry.status}")
+    if cfg.nft.compile:
+        console.print("nft.compile: the first iterations compile the train phase "
+                      "(minutes on a small CPU, cached for later runs; --nft.compile false "
+                      "runs it eagerly)")
     trainer = Trainer(cfg, initial_model(cfg, device), device, rank=info.rank,
                       world_size=info.world_size, process_group=info.group)
     start = _resume(trainer, cfg) if run.resume else 0
