@@ -109,17 +109,17 @@ class SplitPrefixAttention(torch.autograd.Function):
         q, k, v, prefix_k, prefix_v, out, lse = ctx.saved_tensors
         b, p, lk = q.shape[0], prefix_k.shape[2], k.shape[2]
         grad_out = grad_out.contiguous()
-        dq = torch.zeros_like(q)
+        dq = None  # the inputs' check guarantees P + Lk > 0: at least one side runs
         if p > 0:
             dq1, dpk, dpv = ctx.kernels.backward(fold_rows(grad_out), fold_rows(q), prefix_k,
                                                  prefix_v, fold_rows(out), fold_rows(lse),
                                                  ctx.scale)
-            dq += unfold_rows(dq1, b)
+            dq = unfold_rows(dq1, b)
         else:
             dpk, dpv = torch.zeros_like(prefix_k), torch.zeros_like(prefix_v)
         if lk > 0:
             dq2, dk, dv = ctx.kernels.backward(grad_out, q, k, v, out, lse, ctx.scale)
-            dq += dq2
+            dq = dq2 if dq is None else dq + dq2
         else:
             dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         return dq, dk, dv, dpk, dpv, None, None
