@@ -305,3 +305,35 @@ def test_tanh_gelu_compiled_sigmoid_form_equals_the_eager_tanh_form(dtype):
     tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
     torch.testing.assert_close(compiled, eager, rtol=tol, atol=tol)
     torch.testing.assert_close(compiled_grad, eager_grad, rtol=tol, atol=tol)
+
+
+def _count_flops(fn) -> float:
+    """FLOPs of ``fn()`` by torch's FlopCounterMode, with the CPU flash-attention op (which
+    torch has no formula for) counted as 4 * B * H * L * S * D."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def cpu_flash(q_shape, k_shape, *args, out_shape=None, **kwargs) -> int:
+        b, h, length, d = q_shape
+        return 4 * b * h * length * k_shape[2] * d
+
+    mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash}
+    with FlopCounterMode(display=False, custom_mapping=mapping) as counter, torch.no_grad():
+        fn()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("prediction", ["velocity", "warp"])
+def test_flop_formulas_equal_torchs_flop_counter(prediction):
+    cfg = ModelConfig(resolution=16, channels=3, clip_frames=2, patch=4, dim=24, depth=2,
+                      heads=2, reference_frame=prediction == "warp", prediction=prediction)
+    model = TinyWorldDiT(cfg)
+    frames = torch.randn(1, 5, 3, 16, 16)
+    actions = torch.randint(0, 5, (1, 5))
+    cache = model.extend_cache(model.empty_cache(), frames, actions, sigma=0.014)
+    x = torch.randn(3, 2, 3, 16, 16)
+    counted = _count_flops(lambda: model.velocity(x, torch.rand(3), actions[0, :2], cache))
+    assert model.velocity_flops(3, cache.num_tokens) == counted
+    # chunk by chunk, each chunk attends to exactly its own and the earlier chunks
+    counted = _count_flops(lambda: model.extend_cache(model.empty_cache(), frames, actions,
+                                                      sigma=0.014))
+    assert model.history_flops(5) == counted

@@ -217,6 +217,9 @@ class Trainer:
             idx = torch.tensor([i for i, o in enumerate(rows) if o == row])
             old_cache = group.caches[row]
             cache = self._current_cache(group, row, old_cache)
+            if nf.context_kv != "reuse":
+                passes = 3 if nf.context_kv == "recompute_grad" else 1
+                flops += passes * self.model.history_flops(group.history.shape[1])
             parts = idx.split(micro)
             for j, part in enumerate(parts):
                 loss, f = self._micro_loss(item, part, group.clip_actions, cache, old_cache)

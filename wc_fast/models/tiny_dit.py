@@ -277,15 +277,39 @@ class TinyWorldDiT(nn.Module):
     def velocity_flops(self, batch: int, prefix_tokens: int) -> float:
         """Forward FLOPs of :meth:`velocity` for ``batch`` clips over ``prefix_tokens`` of history.
 
-        Matmuls only (2 FLOPs per multiply-add): per token and layer 24 d^2 for qkv, output
-        projection and MLP, plus 4 d per attended key (scores and weighted sum).
+        Every matmul of the forward (2 FLOPs per multiply-add): the per-token linears, the
+        per-frame conditioning and modulation, the output head, and attention over the
+        history plus the clip's own tokens (scores and weighted sum).
         """
-        c = self.cfg
         tokens = batch * self.clip_frames * self.tokens_per_frame
         keys = prefix_tokens + self.clip_frames * self.tokens_per_frame
-        per_layer = 24 * c.dim**2 * tokens + 4 * c.dim * tokens * keys
-        io = (6 if c.reference_frame else 4) * tokens * c.dim * c.channels * c.patch**2
-        return float(c.depth * per_layer + io)
+        return self._forward_flops(batch * self.clip_frames, tokens * keys, head=True)
+
+    def history_flops(self, frames: int) -> float:
+        """Forward FLOPs of building the cache of a ``frames``-frame history from empty (no
+        output head), counting the keys each chunk attends to (its own and earlier chunks)."""
+        sizes = self._chunks(self.empty_cache(), frames)
+        t = self.tokens_per_frame
+        ends = torch.tensor(sizes).cumsum(0).tolist()
+        pairs = sum(size * t * end * t for size, end in zip(sizes, ends, strict=True))
+        return self._forward_flops(frames, pairs, head=False)
+
+    def _forward_flops(self, frames: int, attended_pairs: int, head: bool) -> float:
+        """FLOPs of one forward over ``frames`` frames whose tokens attend to
+        ``attended_pairs`` (query, key) pairs in all; ``head``: the output head runs."""
+        c = self.cfg
+        d, tokens = c.dim, frames * self.tokens_per_frame
+        patch = c.channels * c.patch**2
+        flops = 2 * frames * (256 * d + d * d)  # sigma embedding MLP
+        flops += 2 * tokens * patch * (2 if c.reference_frame else 1) * d  # patch embedding
+        per_layer = 2 * frames * d * 6 * d + 24 * tokens * d * d + 4 * attended_pairs * d
+        flops += c.depth * per_layer
+        if head:
+            flow = 2 * c.patch**2 if c.prediction == "warp" else 0
+            flops += 2 * frames * d * 2 * d + 2 * tokens * d * (patch + flow)
+            if c.prediction == "warp":  # affine parameters and their flow fields
+                flops += 2 * frames * d * 6 + 2 * frames * 6 * c.resolution**2
+        return float(flops)
 
     # -- history ------------------------------------------------------------------------------
 
