@@ -88,10 +88,10 @@ class NFTConfig:
 
     ``compile``: run the current and old models' velocity in the train phase through
     ``torch.compile`` (fuses the per-element work around the matmuls, forward and backward).
-    On in the cpu preset: on 2 CPU cores its train phase is about 1.3x faster (0.27-0.34 s vs
-    0.37-0.45 s per iteration), after about 2 minutes of compiling in the first iterations (the
-    history length changes with the clip index, so there is one recompile); the compiled
-    graphs are cached on disk, which cuts that to about 35 s for the next run.
+    On in the cpu preset: on 2 CPU cores its train phase is about 1.3x faster (one group per
+    update: 0.28-0.36 s vs 0.37-0.45 s), after about 2 minutes of compiling in the first
+    iterations (the history length changes with the clip index, so there is one recompile);
+    the compiled graphs are cached on disk, which cuts that to about 35 s for the next run.
     """
 
     beta: float = 1.0
