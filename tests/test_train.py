@@ -152,6 +152,25 @@ def test_compiled_train_phase_matches_eager(tmp_path):
     assert moved > 1e-5  # the step did update the weights, so the comparison can fail
 
 
+def test_compile_without_a_cpp_compiler_warns_and_trains_eagerly(monkeypatch):
+    import torch._inductor.cpp_builder as cpp_builder
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    def no_compiler():
+        raise InvalidCxxCompiler()
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    cfg = preset("smoke")
+    cfg.nft.compile = True
+    model = TinyWorldDiT(cfg.model)
+    with pytest.warns(UserWarning, match="no C.. compiler.*runs eagerly"):
+        trainer = Trainer(cfg, model, torch.device("cpu"))
+    assert not trainer.compiled
+    assert trainer._velocity["model"] == trainer.model.velocity
+    cfg.nft.compile = False
+    assert not Trainer(cfg, TinyWorldDiT(cfg.model), torch.device("cpu")).compiled
+
+
 def test_init_weights_must_match_the_model_config_except_its_dtype(tmp_path):
     from wc_fast.models.pretrained import export_world_model
     from wc_fast.train import initial_model

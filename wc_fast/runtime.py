@@ -16,6 +16,24 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why ``torch.compile`` cannot generate code for ``device``, or ``None`` when it can.
+
+    On CPU, Inductor writes C++ and needs a compiler on the machine; a laptop without one
+    should still train (eagerly), not fail at its first iteration.
+    """
+    if device.type != "cpu":
+        return None
+    # Inductor's own compiler search (private, pinned with torch), so the answer is its answer
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        get_cpp_compiler()
+    except Exception as err:  # noqa: BLE001 - any failure of the search means "no compiler"
+        return f"no C++ compiler for torch.compile's CPU code ({type(err).__name__}: {err})"
+    return None
+
+
 def stream_seed(*parts: int | str) -> int:
     """A 63-bit seed derived from ``parts`` (run seed, step, rank, purpose, ...).
 

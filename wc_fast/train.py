@@ -138,12 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     telemetry = GpuTelemetry(device.index or 0)
     console.print(f"wc_fast.train: preset {cfg.preset}, {info.world_size} rank(s) on "
                   f"{device.type}; {telemetry.status}")
-    if cfg.nft.compile:
+    trainer = Trainer(cfg, initial_model(cfg, device), device, rank=info.rank,
+                      world_size=info.world_size, process_group=info.group)
+    if trainer.compiled:
         console.print("nft.compile: the first iterations compile the train phase "
                       "(minutes on a small CPU, cached for later runs; --nft.compile false "
                       "runs it eagerly)")
-    trainer = Trainer(cfg, initial_model(cfg, device), device, rank=info.rank,
-                      world_size=info.world_size, process_group=info.group)
     start = _resume(trainer, cfg) if run.resume else 0
     out = Path(cfg.train.out)
     log = MetricsLog(out / "metrics.jsonl", resume_step=start if run.resume else None) \

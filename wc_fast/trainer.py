@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +31,7 @@ from wc_fast.nft import optimality, select_extremes
 from wc_fast.optim import build_optimizers
 from wc_fast.rewards import if_scores, load_critic, load_estimator, vq_scores
 from wc_fast.rollout import GroupRollout, rollout_clip_level, rollout_sample_level
-from wc_fast.runtime import generator, stream_seed
+from wc_fast.runtime import compile_unavailable, generator, stream_seed
 from wc_fast.sampler import ClipSampler, sigma_schedule
 from wc_fast.world import sample_sequences
 
@@ -90,7 +91,11 @@ class Trainer:
                                    exploration=ro.exploration, sde_noise=ro.sde_noise)
         self.sigmas = sigma_schedule(ro.steps, ro.shift)[:-1]
         self._velocity = {"model": self.model.velocity, "old": self.old.velocity}
-        if cfg.nft.compile:
+        why_not = compile_unavailable(device) if cfg.nft.compile else None
+        if why_not:
+            warnings.warn(f"nft.compile: {why_not}; the train phase runs eagerly", stacklevel=2)
+        self.compiled = cfg.nft.compile and why_not is None
+        if self.compiled:
             self._velocity = {k: torch.compile(fn) for k, fn in self._velocity.items()}
         self.estimator = load_estimator("reward", device=device)
         self.critic = load_critic(device=device)
