@@ -20,6 +20,9 @@ from torch.optim._muon import _adjust_lr
 from wc_fast.config import OptimConfig
 
 ADAMW_ONLY = ("patch_embed", "action_embed", "out.", "final_modulation")
+# the param-group entries of torch's Muon that :func:`grouped_muon_step` takes
+MUON_HYPERPARAMETERS = ("lr", "weight_decay", "momentum", "nesterov", "ns_coefficients",
+                        "ns_steps", "eps", "adjust_lr_fn")
 
 
 def uses_muon(name: str, param: nn.Parameter) -> bool:
@@ -71,12 +74,6 @@ def grouped_muon_step(params: list[Tensor], grads: list[Tensor], bufs: list[Tens
                             alpha=-_adjust_lr(lr, adjust_lr_fn, torch.Size(shape)))
 
 
-def _hyper(group: dict) -> dict:
-    """The Muon hyperparameters of a param group, as :func:`grouped_muon_step` takes them."""
-    return {k: group[k] for k in ("lr", "weight_decay", "momentum", "nesterov",
-                                  "ns_coefficients", "ns_steps", "eps", "adjust_lr_fn")}
-
-
 class GroupedMuon(Muon):
     """``torch.optim.Muon`` with Newton-Schulz batched over matrices of the same shape.
 
@@ -95,11 +92,16 @@ class GroupedMuon(Muon):
         for group in self.param_groups:
             params, grads, bufs = [], [], []
             self._init_group(group, params, grads, bufs)
-            grouped_muon_step(params, grads, bufs, **_hyper(group))
+            self._update(params, grads, bufs, group)
         return loss
 
+    def _update(self, params: list[Tensor], grads: list[Tensor], bufs: list[Tensor],
+                group: dict) -> None:
+        """Apply one group's update to ``params`` and ``bufs`` in place."""
+        grouped_muon_step(params, grads, bufs, **{k: group[k] for k in MUON_HYPERPARAMETERS})
 
-class ShardedMuon(Muon):
+
+class ShardedMuon(GroupedMuon):
     """:class:`GroupedMuon` for FSDP2-sharded (DTensor) matrices, equal to it on whole ones.
 
     Newton-Schulz needs the whole matrix. ``Muon`` run directly on DTensors orthogonalises
@@ -110,27 +112,19 @@ class ShardedMuon(Muon):
     checkpoints are interchangeable.
     """
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params, grads, bufs = [], [], []
-            self._init_group(group, params, grads, bufs)
-            full = [[t.full_tensor() if isinstance(t, DTensor) else t.clone() for t in ts]
-                    for ts in (params, grads, bufs)]
-            grouped_muon_step(*full, **_hyper(group))
-            for targets, values in ((params, full[0]), (bufs, full[2])):
-                for target, value in zip(targets, values, strict=True):
-                    target = target.detach()
-                    if isinstance(target, DTensor):
-                        value = distribute_tensor(value, target.device_mesh, target.placements,
-                                                  src_data_rank=None).to_local()
-                        target = target.to_local()
-                    target.copy_(value)
-        return loss
+    def _update(self, params: list[Tensor], grads: list[Tensor], bufs: list[Tensor],
+                group: dict) -> None:
+        full = [[t.full_tensor() if isinstance(t, DTensor) else t.clone() for t in ts]
+                for ts in (params, grads, bufs)]
+        super()._update(*full, group)
+        for targets, values in ((params, full[0]), (bufs, full[2])):
+            for target, value in zip(targets, values, strict=True):
+                target = target.detach()
+                if isinstance(target, DTensor):
+                    value = distribute_tensor(value, target.device_mesh, target.placements,
+                                              src_data_rank=None).to_local()
+                    target = target.to_local()
+                target.copy_(value)
 
 
 def build_optimizers(model: nn.Module, cfg: OptimConfig, *, grouped: bool = True

@@ -201,14 +201,18 @@ class Trainer:
                 "r": r[chosen].repeat_interleave(k_sig).to(self.device), "owner": owner}
 
     def _current_cache(self, group: GroupRollout, row: int, old_cache: ContextCache
-                       ) -> ContextCache:
+                       ) -> tuple[ContextCache, float]:
+        """The history cache the current model predicts over, and the FLOPs spent on it."""
         mode = self.cfg.nft.context_kv
         if mode == "reuse":
-            return old_cache
+            return old_cache, 0.0
+        flops = self.model.history_flops(group.history.shape[1])
         with torch.set_grad_enabled(mode == "recompute_grad"):
-            return self.model.build_cache_parallel(group.history[row:row + 1],
-                                                   group.history_actions[row:row + 1],
-                                                   sigma=self.model.cfg.context_sigma)
+            cache = self.model.build_cache_parallel(group.history[row:row + 1],
+                                                    group.history_actions[row:row + 1],
+                                                    sigma=self.model.cfg.context_sigma)
+        # with gradient, the backward through the cache costs about twice its forward
+        return cache, flops * (3 if mode == "recompute_grad" else 1)
 
     def _accumulate(self, item: dict, total: float) -> tuple[float, float]:
         """Backward of the item's loss sum / ``total`` in micro-batches over shared caches."""
@@ -221,10 +225,8 @@ class Trainer:
         for row in sorted(set(rows)):
             idx = torch.tensor([i for i, o in enumerate(rows) if o == row])
             old_cache = group.caches[row]
-            cache = self._current_cache(group, row, old_cache)
-            if nf.context_kv != "reuse":
-                passes = 3 if nf.context_kv == "recompute_grad" else 1
-                flops += passes * self.model.history_flops(group.history.shape[1])
+            cache, cache_flops = self._current_cache(group, row, old_cache)
+            flops += cache_flops
             parts = idx.split(micro)
             for j, part in enumerate(parts):
                 loss, f = self._micro_loss(item, part, group.clip_actions, cache, old_cache)

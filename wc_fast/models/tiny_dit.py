@@ -10,6 +10,7 @@ rows through :func:`kernels.prefix_attention`.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -290,8 +291,8 @@ class TinyWorldDiT(nn.Module):
         output head), counting the keys each chunk attends to (its own and earlier chunks)."""
         sizes = self._chunks(self.empty_cache(), frames)
         t = self.tokens_per_frame
-        ends = torch.tensor(sizes).cumsum(0).tolist()
-        pairs = sum(size * t * end * t for size, end in zip(sizes, ends, strict=True))
+        pairs = sum(size * t * end * t
+                    for size, end in zip(sizes, itertools.accumulate(sizes), strict=True))
         return self._forward_flops(frames, pairs, head=False)
 
     def _forward_flops(self, frames: int, attended_pairs: int, head: bool) -> float:
