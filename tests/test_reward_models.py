@@ -19,9 +19,15 @@ from wc_fast.rewards import (
 from wc_fast.rewards import weights as weights_lib
 from wc_fast.rewards.adapters import DepthAnything3Estimator, HPSv3Scorer
 from wc_fast.rewards.degrade import KINDS, STRENGTHS, degraded_pairs, gaussian_blur
-from wc_fast.rewards.estimators import decode_pose, params_to_delta, pose_loss
+from wc_fast.rewards.estimators import (
+    decode_pose,
+    delta_to_params,
+    params_to_delta,
+    pose_loss,
+    step_probabilities,
+)
 from wc_fast.rewards.scoring import stride_frames
-from wc_fast.world.motion import action_deltas
+from wc_fast.world.motion import ROTATION_STEP_DEG, TRANSLATION_STEP, action_deltas
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -136,21 +142,32 @@ def test_reward_functions_check_shapes(clips, thresholds):
         if_scores(est, clips.frames, clips.actions[:, :3], **thresholds)
 
 
-def test_pose_decoding_round_trips_actions():
+@pytest.mark.parametrize("speed", [1.0, 0.55])
+def test_pose_decoding_round_trips_actions(speed):
+    """delta_to_params inverts params_to_delta; logits set to the two-hot targets of a
+    fractional step decode to that step, and the loss then reaches its minimum (the targets'
+    entropy)."""
     actions = torch.arange(81)
-    target = torch.zeros(81, 6)
-    delta = action_deltas(actions)
-    target[:, 0], target[:, 2] = delta[:, 0, 3] / 0.25, delta[:, 2, 3] / 0.25
-    from wc_fast.rewards.interaction import rotation_angles
-
-    pitch, yaw = rotation_angles(delta)
-    target[:, 3], target[:, 4] = yaw / 5.0, pitch / 5.0
-    raw = torch.zeros(81, 14)
-    classes = target[:, [0, 2, 3, 4]].round().long() + 1
-    raw[:, :12].view(81, 4, 3).scatter_(-1, classes[..., None], 30.0)
-    assert torch.allclose(decode_pose(raw), target, atol=1e-6)
+    delta = action_deltas(actions, translation_step=TRANSLATION_STEP * speed,
+                          rotation_step_deg=ROTATION_STEP_DEG * speed)
+    target = delta_to_params(delta).float()
+    assert torch.allclose(target[:, [0, 2, 3, 4]].abs().max(), torch.tensor(speed))
     assert torch.allclose(params_to_delta(target.double()), delta, atol=1e-6)
-    assert float(pose_loss(raw, target)) < 1e-6
+    probs = step_probabilities(target[:, [0, 2, 3, 4]])
+    raw = torch.zeros(81, 14)
+    raw[:, :12] = probs.clamp_min(1e-12).log().flatten(1)
+    assert torch.allclose(decode_pose(raw), target, atol=1e-6)
+    entropy = -(probs * probs.clamp_min(1e-12).log()).sum(-1).mean()
+    assert float(pose_loss(raw, target)) == pytest.approx(float(entropy), abs=1e-5)
+
+
+def test_pose_loss_is_lowest_at_the_true_fraction():
+    target = torch.tensor([[0.6, 0.0, -0.3, 0.8, 0.0, 0.0]])
+    best = torch.zeros(1, 14)
+    best[:, :12] = step_probabilities(target[:, [0, 2, 3, 4]]).clamp_min(1e-12).log().flatten(1)
+    whole = torch.zeros(1, 14)  # confident in whole steps
+    whole[:, :12] = 30.0 * step_probabilities(target[:, [0, 2, 3, 4]].sign()).flatten(1)
+    assert float(pose_loss(best, target)) < float(pose_loss(whole, target))
 
 
 def test_degradations_have_the_stated_effect():

@@ -6,11 +6,20 @@ import pytest
 import torch
 
 from wc_fast import world
-from wc_fast.actions import NUM_ACTIONS, is_basic, is_composite, split_action
+from wc_fast.actions import NUM_ACTIONS, is_basic, is_composite, num_primitives, split_action
 from wc_fast.config import preset
 from wc_fast.rewards import poses_to_labels, relative_motion
+from wc_fast.rewards.interaction import rotation_angles
 from wc_fast.world import ROTATION_STEP_DEG, TRANSLATION_STEP
-from wc_fast.world.motion import action_deltas, chain, rot_x, rot_y
+from wc_fast.world.motion import (
+    ONSET_RANGE,
+    SPEED_RANGE,
+    action_components,
+    action_deltas,
+    chain,
+    rot_x,
+    rot_y,
+)
 from wc_fast.world.scene import is_free
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -67,17 +76,70 @@ def test_known_action_gives_the_exact_relative_pose():
     assert torch.allclose(rel, action_deltas(ids), atol=1e-12, rtol=0)
 
 
-def test_dataset_poses_follow_the_actions(clips):
-    rel = relative_motion(clips.c2w)
-    assert torch.allclose(rel, action_deltas(clips.actions), atol=1e-5, rtol=0)
+def test_fixed_speed_world_moves_by_exactly_the_actions():
+    fixed = world.sample_clips(6, seed=123, segment_frames=1, noop_fraction=0.1,
+                               speed_range=(1.0, 1.0), onset_range=(1.0, 1.0))
+    rel = relative_motion(fixed.c2w.double())
+    assert torch.allclose(rel, action_deltas(fixed.actions), atol=1e-5, rtol=0)
+
+
+def test_dataset_poses_follow_the_actions_at_a_drawn_speed(clips):
+    """Each frame moves along the commanded keys, by a speed in SPEED_RANGE (times the onset
+    on a key press's first frame) of the largest step: the translation and the yaw/pitch of a
+    frame are the action's directions scaled by one factor each."""
+    rel = relative_motion(clips.c2w.double())
+    t_dir, angle_dir = action_components(clips.actions, translation_step=1.0,
+                                         rotation_step_deg=1.0)
+    t = rel[..., :3, 3]
+    pitch, yaw = rotation_angles(rel)
+    moving_t = t_dir.norm(dim=-1) > 0
+    speed = t.norm(dim=-1)[moving_t] / (TRANSLATION_STEP * t_dir.norm(dim=-1)[moving_t])
+    assert torch.allclose(t[moving_t] / t[moving_t].norm(dim=-1, keepdim=True),
+                          t_dir[moving_t] / t_dir[moving_t].norm(dim=-1, keepdim=True),
+                          atol=1e-4)
+    assert torch.allclose(t[~moving_t], torch.zeros(1, dtype=torch.float64), atol=1e-5)
+    lo = SPEED_RANGE[0] * ONSET_RANGE[0] - 1e-4
+    assert float(speed.min()) >= lo and float(speed.max()) <= 1.0 + 1e-4
+    angles = torch.stack([yaw, pitch], dim=-1)
+    turning = angle_dir.abs() > 0
+    turn = angles[turning] / (ROTATION_STEP_DEG * angle_dir[turning])
+    assert float(turn.min()) >= lo - 1e-3 and float(turn.max()) <= 1.0 + 1e-3
+    assert float(speed.std()) > 0.05 and float(turn.std()) > 0.05  # speeds really vary
+
+
+def test_speed_is_constant_within_a_key_press_after_its_onset():
+    seq = world.sample_sequences(8, num_clips=3, seed=7, composite_fraction=0.0)
+    rel = relative_motion(seq.c2w.double())
+    pitch, yaw = rotation_angles(rel)
+    size = rel[..., :3, 3].norm(dim=-1) + pitch.abs() + yaw.abs()
+    per_clip = size.unflatten(1, (3, 4))
+    assert torch.allclose(per_clip[..., 2:], per_clip[..., 1:2].expand(-1, -1, 2), atol=1e-6)
+    onset = per_clip[..., 0] / per_clip[..., 1]
+    assert float(onset.min()) >= ONSET_RANGE[0] - 1e-6 and float(onset.max()) <= 1 + 1e-6
+    assert float(onset.std()) > 0.02
+
+
+def test_composite_keys_limits_the_composites():
+    two = world.sample_sequences(16, num_clips=2, seed=4, composite_fraction=1.0,
+                                 composite_keys=(2,))
+    keys = num_primitives(two.actions)[~two.forced_noop.repeat_interleave(4, 1)]
+    assert (keys == 2).all()
+    with pytest.raises(ValueError, match="composite_keys"):
+        world.sample_clips(1, seed=0, composite_keys=(1,))
+    with pytest.raises(ValueError, match="speed_range"):
+        world.sample_clips(1, seed=0, speed_range=(0.0, 1.0))
 
 
 @pytest.mark.parametrize("name", ["cpu", "smoke"])
-def test_label_round_trip_for_every_action_id(name):
+@pytest.mark.parametrize("speed", [1.0, SPEED_RANGE[0] * ONSET_RANGE[0]])
+def test_label_round_trip_for_every_action_id(name, speed):
+    """At the largest and the smallest motion of the world, the labels are the command's."""
     reward = preset(name).reward
     ids = torch.arange(NUM_ACTIONS)
     start = torch.eye(4, dtype=torch.float64).expand(NUM_ACTIONS, 4, 4)
-    poses = chain(start, action_deltas(ids)[:, None].expand(-1, 3, -1, -1))
+    deltas = action_deltas(ids, translation_step=TRANSLATION_STEP * speed,
+                           rotation_step_deg=ROTATION_STEP_DEG * speed)
+    poses = chain(start, deltas[:, None].expand(-1, 3, -1, -1))
     want_t, want_r = split_action(ids)
     for tau in reward.trans_thresholds:
         trans, rot = poses_to_labels(poses, trans_threshold=tau,

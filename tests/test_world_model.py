@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+from wc_fast.actions import action_id
 from wc_fast.config import ModelConfig
 from wc_fast.models import PROMPT_ACTION, ContextCache, TinyWorldDiT, WorldModel
 
@@ -112,7 +113,7 @@ def test_gradients_reach_parameters(context_grad):
     assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
     assert grads["blocks.1.attn.qkv.weight"].abs().sum() > 0
     # the prompt-frame embedding is used only by the history: it learns only through the cache
-    prompt_grad = grads["action_embed.weight"][PROMPT_ACTION].abs().sum()
+    prompt_grad = grads["key_embed.weight"][:, 8].abs().sum()
     assert (prompt_grad > 0) == context_grad
 
 
@@ -337,3 +338,19 @@ def test_flop_formulas_equal_torchs_flop_counter(prediction):
     counted = _count_flops(lambda: model.extend_cache(model.empty_cache(), frames, actions,
                                                       sigma=0.014))
     assert model.history_flops(5) == counted
+
+
+def test_key_embedding_is_compositional():
+    """A key combination is conditioned by the sum of its keys' vectors (and the prompt frame
+    by its own), so combinations rare in pretraining are still expressible."""
+    model = _model()
+    forward, yaw_right = torch.tensor([[9]]), torch.tensor([[1]])
+    both = action_id(torch.tensor([[1]]), torch.tensor([[1]]))
+    sigma = torch.zeros(1, dtype=torch.float64)
+
+    def embed(a):
+        return model._conditioning(sigma, a) - model._conditioning(sigma, torch.tensor([[0]]))
+
+    assert torch.allclose(embed(both), embed(forward) + embed(yaw_right))
+    assert model.keys_of_action[PROMPT_ACTION].tolist() == [0.0] * 8 + [1.0]
+    assert model.keys_of_action[0].sum() == 0

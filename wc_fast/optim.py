@@ -2,7 +2,8 @@
 
 Muon orthogonalises matrix updates, so it only applies to 2-D weights of hidden layers; the
 input/output projections, embeddings, biases and norm gains go to AdamW, as in the official
-WorldCompass code and common Muon practice.
+WorldCompass code and common Muon practice. The model says which weights are hidden
+(``model.hidden_matrices()``), by role rather than by parameter name.
 """
 
 from __future__ import annotations
@@ -19,15 +20,9 @@ from torch.optim._muon import _adjust_lr
 
 from wc_fast.config import OptimConfig
 
-ADAMW_ONLY = ("patch_embed", "action_embed", "out.", "final_modulation")
 # the param-group entries of torch's Muon that :func:`grouped_muon_step` takes
 MUON_HYPERPARAMETERS = ("lr", "weight_decay", "momentum", "nesterov", "ns_coefficients",
                         "ns_steps", "eps", "adjust_lr_fn")
-
-
-def uses_muon(name: str, param: nn.Parameter) -> bool:
-    """A hidden 2-D weight (not an embedding, the input patch projection or the output head)."""
-    return param.ndim == 2 and not any(name.startswith(prefix) for prefix in ADAMW_ONLY)
 
 
 def newton_schulz(updates: Tensor, coefficients: tuple[float, float, float], steps: int,
@@ -134,11 +129,16 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, *, grouped: bool = True
     The Muon is :class:`GroupedMuon` (:class:`ShardedMuon` for DTensor weights); ``grouped=False``
     takes torch's one-matrix-at-a-time ``Muon`` instead, as the official code does.
     """
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adamw":
-        return [AdamW([p for _, p in named], lr=cfg.lr, weight_decay=cfg.weight_decay)]
-    matrices = [p for n, p in named if uses_muon(n, p)]
-    rest = [p for n, p in named if not uses_muon(n, p)]
+        return [AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)]
+    if not hasattr(model, "hidden_matrices"):
+        raise TypeError(f"optim.optimizer={cfg.optimizer!r} needs a model with "
+                        f"hidden_matrices() (the 2-D weights Muon updates); "
+                        f"{type(model).__name__} has none")
+    hidden = {id(p) for p in model.hidden_matrices()}
+    matrices = [p for p in params if id(p) in hidden]
+    rest = [p for p in params if id(p) not in hidden]
     optimizers: list[Optimizer] = []
     if matrices:
         if any(isinstance(p, DTensor) for p in matrices):

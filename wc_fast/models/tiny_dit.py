@@ -1,8 +1,10 @@
 """TinyWorldDiT: a small block-causal, action-conditioned video DiT with a shared KV cache.
 
 Frames ``[B, F, C, H, W]`` are patchified into ``F * g * g`` tokens (``g = H / patch``). Each
-block is adaLN-Zero modulated per frame by ``embed(sigma) + embed(action of that frame)``
-(WorldPlay style: the action embedding is added to the timestep embedding), attends with 3D
+block is adaLN-Zero modulated per frame by ``embed(sigma) + embed(keys of that frame)``
+(WorldPlay style: the action embedding is added to the timestep embedding; compositional: the
+sum of one learned vector per pressed key, so a key combination is conditioned by its keys
+even when pretraining rarely showed it), attends with 3D
 RoPE over (frame, row, column), fully inside a clip and causally across clips. The history is
 a :class:`ContextCache` with ONE copy of every layer's keys/values, shared by all candidate
 rows through :func:`kernels.prefix_attention`.
@@ -19,7 +21,7 @@ from torch import Tensor, nn
 
 from kernels import prefix_attention
 from kernels._checks import values_checkable
-from wc_fast.actions import NUM_ACTIONS
+from wc_fast.actions import NUM_ACTIONS, label_to_bits, split_action
 from wc_fast.config import PREDICTIONS, ModelConfig
 from wc_fast.models.protocol import ContextCache
 from wc_fast.models.rope import apply_rope, rope_tables
@@ -59,6 +61,28 @@ def warp(frames: Tensor, flow: Tensor) -> Tensor:
     out = F.grid_sample(frames.reshape(b * f, c, h, w), grid, mode="bilinear",
                         padding_mode="border", align_corners=False)
     return out.reshape(b, f, c, h, w)
+
+
+def key_table() -> Tensor:
+    """``[82, 9]`` float: the keys pressed by each action id (4 translation then 4 rotation
+    primitives, see :mod:`wc_fast.actions`), and row 81 (the prompt frame) in column 8."""
+    trans, rot = split_action(torch.arange(NUM_ACTIONS))
+    keys = torch.cat([label_to_bits(trans), label_to_bits(rot)], dim=-1).float()
+    table = torch.zeros(NUM_ACTIONS + 1, 9)
+    table[:NUM_ACTIONS, :8] = keys
+    table[PROMPT_ACTION, 8] = 1.0
+    return table
+
+
+def accumulate_over_clips(flow: Tensor, clip_frames: int) -> Tensor:
+    """Per-frame flow increments ``[B, N*F, 2, H, W]`` -> the flow of each frame from the
+    clip's reference frame: the running sum within each clip of ``clip_frames`` frames.
+
+    The head predicts one frame's motion at a time, so a camera turn is the same increment on
+    every frame of a clip; frame 4's larger displacement is the sum, not a separate target.
+    """
+    b, n = flow.shape[:2]
+    return flow.unflatten(1, (n // clip_frames, clip_frames)).cumsum(2).flatten(1, 2)
 
 
 def affine_flow(params: Tensor, size: int) -> Tensor:
@@ -196,11 +220,13 @@ class TinyWorldDiT(nn.Module):
         self.patch_embed = nn.Linear(patch_dim * (2 if cfg.reference_frame else 1), cfg.dim)
         self.sigma_mlp = nn.Sequential(nn.Linear(256, cfg.dim), nn.SiLU(),
                                        nn.Linear(cfg.dim, cfg.dim))
-        self.action_embed = nn.Embedding(NUM_ACTIONS + 1, cfg.dim)
-        # unit scale, like nn.Embedding's default: at GPT-style 0.02 the actions are drowned by
-        # the sigma embedding they are added to and have no measurable effect on the
-        # prediction for the first few hundred steps of pretraining
-        nn.init.normal_(self.action_embed.weight, std=1.0)
+        self.register_buffer("keys_of_action", key_table(), persistent=False)
+        # one vector per key (and one for the prompt frame), summed over the pressed keys; unit
+        # scale, like nn.Embedding's default: at GPT-style 0.02 the actions are drowned by the
+        # sigma embedding they are added to and have no measurable effect on the prediction
+        # for the first few hundred steps of pretraining
+        self.key_embed = nn.Linear(9, cfg.dim, bias=False)
+        nn.init.normal_(self.key_embed.weight, std=1.0)
         self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads) for _ in range(cfg.depth))
         self.final_modulation = nn.Linear(cfg.dim, 2 * cfg.dim)
         # "warp" adds a 2-channel flow per pixel to the clean-clip residual, plus a global
@@ -214,6 +240,13 @@ class TinyWorldDiT(nn.Module):
         for layer in zero_init:
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
+
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        """The 2-D weights of hidden layers (the transformer blocks and the sigma MLP): the
+        ones Muon orthogonalises. The key embedding, the input patch projection and every
+        output head (final modulation, pixels and flow, affine flow) are not."""
+        return [p for module in (self.sigma_mlp, self.blocks) for p in module.parameters()
+                if p.ndim == 2]
 
     @property
     def signature(self) -> tuple:
@@ -254,7 +287,8 @@ class TinyWorldDiT(nn.Module):
         b, f = actions.shape
         per_frame = sigma.reshape(b, -1).expand(b, f).reshape(-1)
         t = self.sigma_mlp(sigma_embedding(per_frame)).reshape(b, f, -1)
-        return t + self.action_embed(actions)
+        keys = self.keys_of_action[actions].to(self.key_embed.weight.dtype)
+        return t + self.key_embed(keys)
 
     def patchify(self, frames: Tensor) -> Tensor:
         """``[B, F, C, H, W]`` -> tokens ``[B, F*g*g, C*p*p]`` (frame-major, then row, column)."""
@@ -302,6 +336,7 @@ class TinyWorldDiT(nn.Module):
         d, tokens = c.dim, frames * self.tokens_per_frame
         patch = c.channels * c.patch**2
         flops = 2 * frames * (256 * d + d * d)  # sigma embedding MLP
+        flops += 2 * frames * self.key_embed.in_features * d  # key embedding
         flops += 2 * tokens * patch * (2 if c.reference_frame else 1) * d  # patch embedding
         per_layer = 2 * frames * d * 6 * d + 24 * tokens * d * d + 4 * attended_pairs * d
         flops += c.depth * per_layer
@@ -546,7 +581,8 @@ class TinyWorldDiT(nn.Module):
         c = self.cfg.channels
         residual = self.unpatchify(out[..., :c * self.cfg.patch ** 2], n)
         flow = self.unpatchify(out[..., c * self.cfg.patch ** 2:], n, channels=2)
-        flow = flow + affine_flow(affine, self.cfg.resolution)
+        flow = accumulate_over_clips(flow + affine_flow(affine, self.cfg.resolution),
+                                     self.clip_frames)
         reference = reference[:, head_from:].to(out.dtype).expand(b, -1, -1, -1, -1)
         return warp(reference, flow) + residual, keys, values
 

@@ -17,8 +17,10 @@ ROTATION_STEP_DEG``, with ``R = Ry(yaw) @ Rx(pitch) @ Rz(roll)`` (the order in w
 :mod:`wc_fast.world.motion` composes actions, so an action's target is exact). The four that
 actions move (tx, tz, yaw, pitch) are each read as a soft choice among one step back, none and
 one step forward: the network gives three logits and the estimate is the expected step
-``p(+1) - p(-1)``, a continuous value (a half-done motion reads as about half a step); ty and
-roll, which actions never change, are regressed directly.
+``p(+1) - p(-1)``, a continuous value. Training targets are the true relative motion, whose
+speed varies from key press to key press, as the two-hot mix of the neighbouring choices (0.7
+of a step forward is ``p(0) = 0.3, p(+1) = 0.7``), so the estimate measures how far the camera
+moved, not only which way; ty and roll, which actions never change, are regressed directly.
 """
 
 from __future__ import annotations
@@ -72,16 +74,37 @@ def decode_pose(raw: Tensor) -> Tensor:
     return params
 
 
+def step_probabilities(steps: Tensor) -> Tensor:
+    """Two-hot targets ``[..., 3]`` (back, none, forward) of step values ``[...]`` in [-1, 1]:
+    their expected step ``p(+1) - p(-1)`` is the value itself."""
+    steps = steps.clamp(-1.0, 1.0)
+    back, forward = (-steps).clamp_min(0.0), steps.clamp_min(0.0)
+    return torch.stack([back, 1.0 - back - forward, forward], dim=-1)
+
+
 def pose_loss(raw: Tensor, target: Tensor) -> Tensor:
-    """Cross-entropy of the step choices plus squared error of ty and roll.
+    """Cross-entropy of the step choices (against two-hot targets) plus squared error of ty
+    and roll.
 
     ``raw`` ``[..., 14]`` network outputs, ``target`` ``[..., 6]`` normalized parameters whose
-    step parameters are -1, 0 or +1 (the motion of an action).
+    step parameters lie in [-1, 1].
     """
     logits = raw[..., : 3 * len(STEP_PARAMS)].reshape(-1, 3)
-    classes = (target[..., list(STEP_PARAMS)].round().long() + 1).reshape(-1)
+    probs = step_probabilities(target[..., list(STEP_PARAMS)]).reshape(-1, 3)
     free = raw[..., 3 * len(STEP_PARAMS):]
-    return F.cross_entropy(logits, classes) + F.mse_loss(free, target[..., list(FREE_PARAMS)])
+    return F.cross_entropy(logits, probs) + F.mse_loss(free, target[..., list(FREE_PARAMS)])
+
+
+def delta_to_params(delta: Tensor, *, translation_step: float = TRANSLATION_STEP,
+                    rotation_step_deg: float = ROTATION_STEP_DEG) -> Tensor:
+    """Relative poses ``[..., 4, 4]`` with ``R = Ry(yaw) @ Rx(pitch)`` (no roll, as every
+    motion of the world) -> normalized pose parameters ``[..., 6]``: the inverse of
+    :func:`params_to_delta` for such poses."""
+    r = delta[..., :3, :3]
+    pitch = torch.rad2deg(torch.atan2(r[..., 2, 1], r[..., 2, 2]))
+    yaw = torch.rad2deg(torch.atan2(-r[..., 2, 0], torch.hypot(r[..., 0, 0], r[..., 1, 0])))
+    angles = torch.stack([yaw, pitch, torch.zeros_like(yaw)], dim=-1) / rotation_step_deg
+    return torch.cat([delta[..., :3, 3] / translation_step, angles], dim=-1)
 
 
 def chain_from_identity(delta: Tensor) -> Tensor:

@@ -52,7 +52,8 @@ class Clips:
 
 def _sample(n: int, seed: int, *, num_segments: int, segment_frames: int,
             composite_fraction: float, noop_fraction: float, start_pitch_deg: float,
-            resolution: int, fov_deg: float, supersample: int, max_tilt_deg: float) -> Clips:
+            resolution: int, fov_deg: float, supersample: int, max_tilt_deg: float,
+            **motion: object) -> Clips:
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     gen = torch.Generator().manual_seed(seed)
@@ -60,7 +61,7 @@ def _sample(n: int, seed: int, *, num_segments: int, segment_frames: int,
     start = start_poses(scenes, gen, max_pitch_deg=start_pitch_deg)
     traj = generate(scenes, start, gen, num_segments=num_segments, segment_frames=segment_frames,
                     composite_fraction=composite_fraction, noop_fraction=noop_fraction,
-                    max_tilt_deg=max_tilt_deg)
+                    max_tilt_deg=max_tilt_deg, **motion)
     frames = render(scenes, traj.c2w, resolution=resolution, fov_deg=fov_deg,
                     supersample=supersample)
     return Clips(frames, traj.actions, traj.c2w.to(torch.float32), traj.forced_noop)
@@ -77,33 +78,37 @@ def sample_clips(n: int, *, seed: int, composite_fraction: float = 0.5,
                  noop_fraction: float = 0.0, clip_frames: int = DEFAULT_CLIP_FRAMES,
                  resolution: int = DEFAULT_RESOLUTION, segment_frames: int | None = None,
                  start_pitch_deg: float = CLIP_START_PITCH_DEG, fov_deg: float = DEFAULT_FOV_DEG,
-                 supersample: int = 1, max_tilt_deg: float = DEFAULT_MAX_TILT_DEG) -> Clips:
+                 supersample: int = 1, max_tilt_deg: float = DEFAULT_MAX_TILT_DEG,
+                 **motion: object) -> Clips:
     """``n`` single clips, each in its own random scene.
 
     Returns :class:`Clips` with frames ``[n, 1+F, 3, R, R]`` (``F = clip_frames``,
     ``R = resolution``). Frame 0 stands for the previous clip's last frame: a random free pose
     with pitch within +/-``start_pitch_deg``. By default one action spans the whole clip
     (``segment_frames = clip_frames``, as in WorldPlay); ``segment_frames=1`` draws a new action
-    every frame.
+    every frame. ``motion``: the speed, onset and composite options of
+    :func:`wc_fast.world.trajectory.generate` (``speed_range``, ``onset_range``,
+    ``composite_keys``).
     """
     segment_frames = clip_frames if segment_frames is None else segment_frames
     return _sample(n, seed, num_segments=_segments(clip_frames, segment_frames),
                    segment_frames=segment_frames, composite_fraction=composite_fraction,
                    noop_fraction=noop_fraction, start_pitch_deg=start_pitch_deg,
                    resolution=resolution, fov_deg=fov_deg, supersample=supersample,
-                   max_tilt_deg=max_tilt_deg)
+                   max_tilt_deg=max_tilt_deg, **motion)
 
 
 def sample_sequences(n: int, *, num_clips: int, seed: int, composite_fraction: float = 0.5,
                      noop_fraction: float = 0.0, clip_frames: int = DEFAULT_CLIP_FRAMES,
                      resolution: int = DEFAULT_RESOLUTION, segment_frames: int | None = None,
                      fov_deg: float = DEFAULT_FOV_DEG, supersample: int = 1,
-                     max_tilt_deg: float = DEFAULT_MAX_TILT_DEG) -> Clips:
+                     max_tilt_deg: float = DEFAULT_MAX_TILT_DEG, **motion: object) -> Clips:
     """``n`` sequences of ``num_clips`` consecutive clips, each in its own random scene.
 
     Frames ``[n, 1 + num_clips*F, 3, R, R]``, actions ``[n, num_clips*F]``, c2w
     ``[n, 1 + num_clips*F, 4, 4]``. Frame 0 is the world prompt, seen from a level camera. By
     default each clip repeats one action (``segment_frames = clip_frames``, as in WorldPlay).
+    ``motion`` as in :func:`sample_clips`.
     """
     if num_clips < 1:
         raise ValueError(f"num_clips must be >= 1, got {num_clips}")
@@ -112,7 +117,8 @@ def sample_sequences(n: int, *, num_clips: int, seed: int, composite_fraction: f
     return _sample(n, seed, num_segments=_segments(total, segment_frames),
                    segment_frames=segment_frames, composite_fraction=composite_fraction,
                    noop_fraction=noop_fraction, start_pitch_deg=0.0, resolution=resolution,
-                   fov_deg=fov_deg, supersample=supersample, max_tilt_deg=max_tilt_deg)
+                   fov_deg=fov_deg, supersample=supersample, max_tilt_deg=max_tilt_deg,
+                   **motion)
 
 
 def batch_seed(seed: int, index: int) -> int:
