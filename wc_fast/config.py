@@ -144,7 +144,11 @@ class TrainConfig:
 
 @dataclass(slots=True)
 class PretrainConfig:
-    """Flow-matching pretraining of the embedded world model (``python -m wc_fast.pretrain``)."""
+    """Flow-matching pretraining of the embedded world model (``python -m wc_fast.pretrain``).
+
+    ``max_minutes``: a wall-clock budget (0 = none); the run stops after the step that spends
+    it, checkpoints and exports, and the card records the steps it ran.
+    """
 
     steps: int = 3000
     batch_size: int = 8
@@ -160,6 +164,7 @@ class PretrainConfig:
     ckpt_every: int = 200
     eval_every: int = 500
     keep_last: int = 2
+    max_minutes: float = 0.0
 
 
 @dataclass(slots=True)
@@ -413,6 +418,8 @@ def validate(cfg: Config) -> None:
     _require(pt.weight_decay >= 0, "pretrain.weight_decay", ">= 0", pt.weight_decay)
     _require(pt.grad_clip >= 0, "pretrain.grad_clip", ">= 0 (0 = off)", pt.grad_clip)
     _require(0.0 <= pt.ema < 1.0, "pretrain.ema", "in [0, 1)", pt.ema)
+    _require(pt.max_minutes >= 0, "pretrain.max_minutes", ">= 0 (0 = no limit)",
+             pt.max_minutes)
     _require(0.0 <= pt.composite_fraction <= 1.0, "pretrain.composite_fraction", "in [0, 1]",
              pt.composite_fraction)
     _require(bool(pt.out), "pretrain.out", "a non-empty path", pt.out)

@@ -14,7 +14,8 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -34,7 +35,7 @@ from wc_fast.world import batch_seed, sample_sequences
 # fields that may change between an interrupted run and its resumption: bookkeeping, and
 # everything pretraining does not read (only model.*, pretrain.* and rollout.shift shape it)
 RESUMABLE_CHANGES = ("pretrain.steps", "pretrain.out", "pretrain.ckpt_every",
-                     "pretrain.eval_every", "pretrain.keep_last",
+                     "pretrain.eval_every", "pretrain.keep_last", "pretrain.max_minutes",
                      *(s for s in config_lib.SECTIONS if s not in ("model", "pretrain", "rollout")),
                      *(f"rollout.{f.name}" for f in dataclasses.fields(config_lib.RolloutConfig)
                        if f.name != "shift"))
@@ -86,6 +87,29 @@ def ema_with_warmup(decay: float):
         return torch.lerp(current, averaged, beta)
 
     return update
+
+
+def training_batches(cfg: config_lib.Config, start: int) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """``(step, frames, actions)`` of every step from ``start``: batch ``step`` is rendered from
+    ``batch_seed(pretrain.seed, step)``, one step ahead on a background thread, so rendering
+    (CPU) overlaps the model's step (on a GPU; torch ops release the GIL)."""
+    pt = cfg.pretrain
+
+    def render(step: int) -> tuple[Tensor, Tensor]:
+        batch = sample_sequences(pt.batch_size, num_clips=pt.num_clips,
+                                 seed=batch_seed(pt.seed, step),
+                                 composite_fraction=pt.composite_fraction,
+                                 clip_frames=cfg.model.clip_frames,
+                                 resolution=cfg.model.resolution)
+        return batch.frames, batch.actions
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(render, start)
+        for step in range(start, pt.steps):
+            frames, actions = pending.result()
+            if step + 1 < pt.steps:
+                pending = pool.submit(render, step + 1)
+            yield step, frames, actions
 
 
 def held_out_batch(cfg: config_lib.Config, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -141,15 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{pt.steps} steps of {pt.batch_size} sequences x {pt.num_clips} clips")
     held_out = held_out_batch(cfg, device)
     t0 = time.perf_counter()
-    bar = tqdm(range(start, pt.steps), initial=start, total=pt.steps, desc="pretrain",
-               dynamic_ncols=True)
-    for step in bar:
-        batch = sample_sequences(pt.batch_size, num_clips=pt.num_clips,
-                                 seed=batch_seed(pt.seed, step),
-                                 composite_fraction=pt.composite_fraction,
-                                 clip_frames=cfg.model.clip_frames,
-                                 resolution=cfg.model.resolution)
-        loss = flow_matching_loss(model, batch.frames.to(device), batch.actions.to(device),
+    bar = tqdm(initial=start, total=pt.steps, desc="pretrain", dynamic_ncols=True)
+    last = pt.steps
+    for step, frames, actions in training_batches(cfg, start):
+        loss = flow_matching_loss(model, frames.to(device), actions.to(device),
                                   shift=cfg.rollout.shift,
                                   gen=generator(pt.seed, step, "noise", device=device))
         optimizer.zero_grad(set_to_none=True)
@@ -160,20 +179,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         schedule.step()
         ema.update_parameters(model)
         record = {"step": step + 1, "loss": loss.item(), "lr": schedule.get_last_lr()[0]}
-        if (step + 1) % pt.eval_every == 0 or step + 1 == pt.steps:
+        out_of_time = pt.max_minutes > 0 and time.perf_counter() - t0 > 60 * pt.max_minutes
+        if out_of_time:
+            last = step + 1
+        if (step + 1) % pt.eval_every == 0 or step + 1 == last:
             scores = held_out_losses({"live": model, "ema": ema.module}, held_out, cfg)
             record.update({f"held_out_{k}": v for k, v in scores.items()})
             bar.write(f"step {step + 1}: held-out loss live {scores['live']:.4f}, "
                       f"EMA {scores['ema']:.4f}")
         log.append(record)
+        bar.update()
         bar.set_postfix(loss=f"{loss.item():.4f}")
-        if (step + 1) % pt.ckpt_every == 0 or step + 1 == pt.steps:
+        if (step + 1) % pt.ckpt_every == 0 or step + 1 == last:
             checkpoint.save(out, step + 1, models={"model": model, "ema": ema},
                             config=config_lib.to_dict(cfg), keep_last=pt.keep_last,
                             state={"optimizer": optimizer.state_dict(),
                                    "schedule": schedule.state_dict(), "log": log})
+        if out_of_time:
+            bar.write(f"pretrain.max_minutes={pt.max_minutes} spent: stopping at step {last}")
+            break
+    bar.close()
     wall = time.perf_counter() - t0
-    card = {"steps": pt.steps, "batch_size": pt.batch_size, "num_clips": pt.num_clips,
+    card = {"steps": last, "batch_size": pt.batch_size, "num_clips": pt.num_clips,
             "composite_fraction": pt.composite_fraction, "seed": pt.seed, "lr": pt.lr,
             "wall_seconds_this_run": round(wall, 1), "device": str(device),
             "final_loss": log[-1]["loss"] if log else None,

@@ -113,10 +113,12 @@ def _critic_loss(model: nn.Module, step: int, recipe: dict, gen: torch.Generator
 
 
 def train(which: str, *, steps: int | None = None, out: str | None = None, threads: int = 1,
-          log_every: int = 100, device: str = "cpu") -> dict:
+          log_every: int = 100, device: str = "cpu", max_minutes: float = 0.0) -> dict:
     """Train recipe ``which`` and save it; returns the metadata written beside the weights.
 
     Clips are rendered on the CPU (``threads``); the network trains on ``device``.
+    ``max_minutes`` > 0 stops after the step that spends that much wall-clock time (the
+    learning-rate schedule still spans the recipe's steps); the metadata records the steps run.
     """
     recipe = dict(RECIPES[which])
     if steps is not None:
@@ -145,13 +147,16 @@ def train(which: str, *, steps: int | None = None, out: str | None = None, threa
         opt.step()
         for key, value in {"loss": float(loss.detach()), **stats}.items():
             running[key] = 0.98 * running.get(key, value) + 0.02 * value
-        if (step + 1) % log_every == 0 or step + 1 == recipe["steps"]:
+        out_of_time = max_minutes > 0 and time.perf_counter() - start > 60 * max_minutes
+        if (step + 1) % log_every == 0 or step + 1 == recipe["steps"] or out_of_time:
             shown = " ".join(f"{k}={v:.4f}" for k, v in running.items())
             print(f"[{which}] step {step + 1}/{recipe['steps']} {shown} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
+        if out_of_time:
+            break
     minutes = (time.perf_counter() - start) / 60
     model.cpu()
-    meta["train"] = {**recipe, "threads": threads, "device": dev.type,
+    meta["train"] = {**recipe, "steps_run": step + 1, "threads": threads, "device": dev.type,
                      "minutes": round(minutes, 2),
                      "final": {k: round(v, 5) for k, v in running.items()},
                      "noop_fraction": NOOP_FRACTION if which != "critic" else 0.0,
@@ -170,8 +175,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="output folder (default: wc_fast/assets)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="where the network trains (cpu, cuda)")
+    parser.add_argument("--max-minutes", type=float, default=0.0,
+                        help="wall-clock budget; stop after the step that spends it (0: none)")
     args = parser.parse_args(argv)
-    train(args.which, steps=args.steps, out=args.out, threads=args.threads, device=args.device)
+    train(args.which, steps=args.steps, out=args.out, threads=args.threads, device=args.device,
+          max_minutes=args.max_minutes)
     return 0
 
 

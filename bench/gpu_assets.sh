@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Regenerate the embedded world's learned weights on one GPU machine, in parallel:
+# both camera estimators and two base-model pretraining runs (composite_fraction 0.1 and 0.0,
+# the candidates for the shipped base model; python -m wc_fast.eval picks between them).
+#
+#   bench/gpu_assets.sh OUT_DIR [MINUTES]      (MINUTES: wall-clock budget of each job, 4)
+#
+# Clips are rendered on the CPU (4 threads per job), the networks train on the GPU. Writes
+# OUT_DIR/estimators.tgz (both estimators and every job's log), OUT_DIR/base_0.1.tgz and
+# OUT_DIR/base_0.0.tgz (weights, card, loss log) and OUT_DIR/assets.log. Needs nothing from a
+# registry: runs from the source tree with the machine's python3 and torch.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+out="${1:?usage: bench/gpu_assets.sh OUT_DIR [MINUTES]}"
+minutes="${2:-4}"
+py="${PYTHON:-python3}"
+device="${DEVICE:-cuda}"  # DEVICE=cpu for a dry run without a GPU
+work="$(mktemp -d)"
+mkdir -p "$out" "$work/assets"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+
+pids=()
+for which in reward eval; do
+    "$py" -m wc_fast.rewards.train_reward_models --which "$which" --device "$device" --threads 4 \
+        --max-minutes "$minutes" --out "$work/assets" >"$work/estimator_$which.log" 2>&1 &
+    pids+=($!)
+done
+for fraction in 0.1 0.0; do
+    "$py" -m wc_fast.pretrain --preset cpu --out "$work/pretrain_$fraction" \
+        --pretrain.composite_fraction "$fraction" --pretrain.max_minutes "$minutes" \
+        --pretrain.ckpt_every 100000 --train.device "$device" >"$work/pretrain_$fraction.log" 2>&1 &
+    pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do
+    wait "$pid" || status=1
+done
+
+for log in "$work"/*.log; do
+    echo "== $(basename "$log")"
+    tail -n 4 "$log"
+done | tee "$out/assets.log"
+# one archive per base model: each stays under the 16 MiB a returned file may have
+(cd "$work" && tar czf "$out/estimators.tgz" assets ./*.log)
+for fraction in 0.1 0.0; do
+    (cd "$work" && tar czf "$out/base_$fraction.tgz" "pretrain_$fraction"/base_model.* \
+        "pretrain_$fraction"/loss.jsonl)
+done
+echo "gpu_assets: status $status in ${SECONDS}s"; du -h "$out"/*.tgz
+exit "$status"
