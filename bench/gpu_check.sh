@@ -83,7 +83,7 @@ EOF
     local pytest=("$py" -m pytest -q -p no:cacheprovider)
     # One hung test (a compile, a capture) must not take the whole budget.
     if "$py" -c 'import pytest_timeout' 2>/dev/null; then
-        pytest+=(--timeout=150)
+        pytest+=(--timeout=100)
     fi
     local bench=("${pytest[@]}" --benchmark-only --benchmark-group-by=group
                  "--benchmark-columns=min,median,max,rounds" --benchmark-sort=name)
@@ -119,9 +119,9 @@ EOF
 
     run_step 110 "fused-op benchmarks" "${bench[@]}" bench/test_bench_kernels.py \
         --benchmark-json="$out/bench_kernels.json"
-    run_step 100 "attention benchmarks" "${bench[@]}" bench/test_bench_attention.py \
+    run_step 120 "attention benchmarks" "${bench[@]}" bench/test_bench_attention.py \
         --benchmark-json="$out/bench_attention.json"
-    run_step 150 "GPU tests" "${pytest[@]}" -m gpu tests/ --junitxml="$out/gpu_tests.xml"
+    run_step 130 "GPU tests" "${pytest[@]}" -m gpu tests/ --junitxml="$out/gpu_tests.xml"
     local rl=("$py" bench/rl_iteration.py --preset paper --init random)
     if [[ "$dry_run" == 1 ]]; then
         rl=("$py" bench/rl_iteration.py --preset smoke --device cpu)
