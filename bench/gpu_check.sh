@@ -1,64 +1,152 @@
 #!/usr/bin/env bash
-# The whole GPU check in under 8 minutes on one H200; installs nothing.
+# The whole GPU check in under 8 minutes on one H200; installs nothing, needs no network.
 #
-#   bench/gpu_check.sh [OUT_DIR]        (default OUT_DIR: runs/gpu_check)
+#   bash bench/gpu_check.sh [OUT_DIR]        (default OUT_DIR: runs/gpu_check)
 #
-# 1. the GPU-marked tests:  pytest -m gpu tests/               -> OUT_DIR/gpu_tests.xml
-# 2. every benchmark file:  pytest --benchmark-only bench/...  -> OUT_DIR/bench_<file>.json
-#    (kernel benchmarks first)
-# 3. one RL iteration, ours vs official-style     -> OUT_DIR/rl_iteration.json
-# 4. a short table of the tests and benchmarks (bench/summarize.py).
-# Each step gets what is left of a fixed time budget, so a slow step cannot push the check
-# past the limit; the exit status is non-zero if any step failed or ran out of time.
+# Runs from a copy of the working tree: the packages are imported from the repository root
+# (PYTHONPATH), so nothing is installed. The native CPU extension (kernels._native) is not
+# built: nothing on the GPU needs it, and the tests and benchmarks that do skip without it.
+# Python is ${PYTHON:-python3} (the GPU image has no plain `python`).
+#
+# Steps, in order, each under a cap and under what is left of a fixed time budget; a step
+# that runs out of time is interrupted (SIGINT), so pytest still writes what finished:
+# 1. fused-op benchmarks (nft_loss, flow_noise)      -> OUT_DIR/bench_kernels.json
+# 2. shared-prefix attention benchmarks              -> OUT_DIR/bench_attention.json
+# 3. the GPU-marked tests: pytest -m gpu tests/       -> OUT_DIR/gpu_tests.xml
+# 4. one RL iteration, ours vs official-style         -> OUT_DIR/rl_iteration.json
+# 5. model-level benchmarks (shared prefix, sampler)  -> OUT_DIR/bench_model.json
+# 6. a short table of all of the above (bench/summarize.py) -> OUT_DIR/summary.txt
+# Everything printed also goes to OUT_DIR/gpu_check.log: at most 7 files, none in a subfolder.
+# The exit status is non-zero if any step failed or ran out of time.
+#
+# GPU_CHECK_DRY_RUN=1 checks the script without a GPU: the tests run (every GPU test skips),
+# the benchmark files are only collected (imported), and the RL iteration runs the smoke
+# preset on the CPU; the output folder must then hold the same files as on the GPU.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+root=$(pwd)
 out="${1:-runs/gpu_check}"
-budget_s=450
-mkdir -p "$out"
+mkdir -p "$out" || exit 1
+out=$(cd "$out" && pwd)
+py="${PYTHON:-python3}"
+dry_run="${GPU_CHECK_DRY_RUN:-0}"
+budget_s="${GPU_CHECK_BUDGET_S:-450}"
+max_files=8
 
-if ! python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    echo "gpu_check: no CUDA device visible to torch" >&2
-    exit 1
-fi
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONDONTWRITEBYTECODE=1
+# Native Triton on the GPU: never the CPU interpreter (tests/conftest.py sets it only
+# without CUDA).
+unset TRITON_INTERPRET
 
-status=0
-reports=()
+main() {
+    echo "gpu_check: $(date -u +%FT%TZ) in $root, output $out, budget ${budget_s}s, dry run $dry_run"
+    if ! command -v "$py" >/dev/null; then
+        echo "gpu_check: no $py on PATH (set PYTHON)" >&2
+        return 1
+    fi
+    "$py" - <<'EOF'
+import platform, torch
+try:
+    import triton
+    tv = triton.__version__
+except ImportError as exc:
+    tv = f"missing ({exc})"
+print(f"python {platform.python_version()}, torch {torch.__version__}, triton {tv}, "
+      f"CUDA {torch.version.cuda}, cuda available {torch.cuda.is_available()}")
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"device {i}: {p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}, "
+          f"{p.multi_processor_count} SMs")
+import kernels, wc_fast
+print("kernels from", kernels.__file__, "| wc_fast from", wc_fast.__file__)
+if torch.cuda.is_available():  # one small Triton launch: compiler and launcher work here
+    try:
+        x0, sig = torch.randn(2, 1000, device="cuda"), torch.rand(2, 3, device="cuda")
+        x_t, v = kernels.flow_noise(x0, sig, backend="triton")
+        torch.cuda.synchronize()
+        print("triton smoke test: flow_noise on CUDA ran, outputs", tuple(x_t.shape))
+    except Exception as exc:  # reported, not fatal: eager and SDPA numbers still come
+        print(f"triton smoke test FAILED: {type(exc).__name__}: {exc}"[:2000])
+EOF
+    if [[ "$dry_run" != 1 ]] && ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+        echo "gpu_check: no CUDA device visible to torch" >&2
+        return 1
+    fi
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv
+    # Triton builds its launcher with the host C compiler; torch.compile's CPU side needs g++.
+    echo "compilers: cc=$(command -v cc || echo none) gcc=$(command -v gcc || echo none)" \
+        "g++=$(command -v g++ || echo none) nvcc=$(command -v nvcc || echo none)"
 
-# Run "$@" under what is left of the budget; record a failure or a timeout in $status.
-run_step() {
-    local left=$((budget_s - SECONDS))
-    if ((left <= 10)); then
-        echo "gpu_check: time budget spent, skipping: $*" >&2
+    local status=0
+    local pytest=("$py" -m pytest -q -p no:cacheprovider)
+    # One hung test (a compile, a capture) must not take the whole budget.
+    if "$py" -c 'import pytest_timeout' 2>/dev/null; then
+        pytest+=(--timeout=100)
+    fi
+    local bench=("${pytest[@]}" --benchmark-only --benchmark-group-by=group
+                 "--benchmark-columns=min,median,max,rounds" --benchmark-sort=name)
+    if [[ "$dry_run" == 1 ]]; then
+        bench=("${pytest[@]}" --collect-only --benchmark-only)
+    fi
+
+    # run_step CAP_S NAME CMD...: run CMD under min(CAP_S, what is left of the budget);
+    # on time-out SIGINT (pytest then writes its reports), SIGKILL 20 s later.
+    run_step() {
+        local cap=$1 name=$2
+        shift 2
+        local left=$((budget_s - SECONDS))
+        local limit=$((cap < left ? cap : left))
+        if ((limit <= 10)); then
+            echo "gpu_check: time budget spent, skipping $name" >&2
+            status=1
+            return
+        fi
+        echo "=== gpu_check: $name (limit ${limit}s, ${SECONDS}s elapsed)"
+        local start=$SECONDS
+        timeout -s INT -k 20 "$limit" "$@"
+        local rc=$?
+        if ((rc == 124 || rc == 137)); then
+            echo "gpu_check: $name timed out after ${limit}s" >&2
+        fi
+        if ((rc != 0)); then
+            echo "gpu_check: $name failed (exit $rc)" >&2
+            status=1
+        fi
+        echo "=== gpu_check: $name done in $((SECONDS - start))s, exit $rc"
+    }
+
+    run_step 110 "fused-op benchmarks" "${bench[@]}" bench/test_bench_kernels.py \
+        --benchmark-json="$out/bench_kernels.json"
+    run_step 120 "attention benchmarks" "${bench[@]}" bench/test_bench_attention.py \
+        --benchmark-json="$out/bench_attention.json"
+    run_step 130 "GPU tests" "${pytest[@]}" -m gpu tests/ --junitxml="$out/gpu_tests.xml"
+    local rl=("$py" bench/rl_iteration.py --preset paper --init random)
+    if [[ "$dry_run" == 1 ]]; then
+        rl=("$py" bench/rl_iteration.py --preset smoke --device cpu)
+    fi
+    run_step 100 "RL iteration" "${rl[@]}" --json "$out/rl_iteration.json"
+    run_step "$budget_s" "model benchmarks" "${bench[@]}" bench/test_bench_prefix.py \
+        bench/test_bench_sampler.py --benchmark-json="$out/bench_model.json"
+
+    echo "=== gpu_check: summary"
+    "$py" bench/summarize.py "$out/bench_kernels.json" "$out/bench_attention.json" \
+        "$out/gpu_tests.xml" "$out/rl_iteration.json" "$out/bench_model.json" \
+        | tee "$out/summary.txt"
+    local files
+    files=$(find "$out" -mindepth 1 | wc -l)
+    if ((files > max_files)) || [[ -n "$(find "$out" -mindepth 1 ! -type f)" ]]; then
+        echo "gpu_check: $out holds $files entries, more than $max_files files or a folder" >&2
         status=1
-        return
     fi
-    timeout "$left" "$@"
-    local rc=$?
-    if ((rc == 124)); then
-        echo "gpu_check: timed out: $*" >&2
-    fi
-    if ((rc != 0)); then
+    if [[ -n "$(find "$out" -type f -size +16M)" ]]; then
+        echo "gpu_check: a file in $out is over 16 MiB" >&2
         status=1
     fi
+    echo "gpu_check: finished in ${SECONDS}s, status $status; $files files in $out"
+    return "$status"
 }
 
-run_step python -m pytest -m gpu tests/ -q -p no:cacheprovider --junitxml="$out/gpu_tests.xml"
-reports+=("$out/gpu_tests.xml")
-
-bench_files=(bench/test_bench_kernels.py)
-for f in bench/test_bench_*.py; do
-    [[ "$f" == bench/test_bench_kernels.py ]] || bench_files+=("$f")
-done
-for f in "${bench_files[@]}"; do
-    json="$out/bench_$(basename "$f" .py).json"
-    run_step python -m pytest --benchmark-only "$f" -q -p no:cacheprovider \
-        --benchmark-group-by=group --benchmark-json="$json"
-    reports+=("$json")
-done
-
-run_step python bench/rl_iteration.py --preset paper --init random --json "$out/rl_iteration.json"
-
-python bench/summarize.py "${reports[@]}"
-echo "gpu_check: finished in ${SECONDS}s, status ${status}; reports in $out"
-exit "$status"
+main 2>&1 | tee "$out/gpu_check.log"
+exit "${PIPESTATUS[0]}"

@@ -1,9 +1,11 @@
 """Print a short table from pytest-benchmark JSON files and pytest JUnit XML reports.
 
-Usage: ``python bench/summarize.py FILE...`` (``.json``: benchmark results, ``.xml``: test
-results). Benchmarks are listed by group with their median time per round and the
-``extra_info`` figures; test reports as pass/fail/skip counts plus the failing tests' names.
-Missing files are reported, not fatal: the GPU check prints whatever finished.
+Usage: ``python bench/summarize.py FILE...`` (``.json``: benchmark results or
+``bench/rl_iteration.py``'s result, ``.xml``: test results). Benchmarks are listed by group with
+their median time per round and the ``extra_info`` figures; test reports as pass/fail/skip
+counts plus the failing tests' names; an RL iteration as both sides' times, the speedup and the
+train phase's share of the matmul rate. Missing or unreadable files are reported, not fatal:
+the GPU check prints whatever finished.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ from pathlib import Path
 EXTRA_KEYS = ("us_per_call", "gb_per_s", "pct_of_copy")
 
 
-def benchmark_rows(path: Path) -> list[tuple[str, ...]]:
-    data = json.loads(path.read_text())
+def benchmark_rows(data: dict) -> list[tuple[str, ...]]:
     rows = []
     for bench in sorted(data.get("benchmarks", []), key=lambda b: (b["group"] or "", b["name"])):
         extra = bench.get("extra_info", {})
@@ -27,6 +28,24 @@ def benchmark_rows(path: Path) -> list[tuple[str, ...]]:
         rows.append((bench["group"] or "", bench["name"].split("[")[-1].rstrip("]"),
                      f"{bench['stats']['median'] * 1e3:.3f}", " ".join(shown)))
     return rows
+
+
+def rl_iteration_summary(path: Path, data: dict) -> list[str]:
+    """``bench/rl_iteration.py --json``: per-phase seconds of both sides, speedup, FLOP share."""
+    ours, theirs = data["ours_phases_s"], data["official_style_phases_s"]
+    phases = " ".join(f"{k} {ours[k]:.2f}/{theirs.get(k, float('nan')):.2f}" for k in ours)
+    return [f"{path.name}: preset {data['preset']} on {data['device']}: ours "
+            f"{data['ours_s']:.2f} s, official-style {data['official_style_s']:.2f} s, "
+            f"speedup {data['speedup']:.2f}x",
+            f"  phases ours/official-style s: {phases}",
+            f"  train phase {_flops(data['train_flops_per_s'])} = "
+            f"{100 * data['flop_fraction']:.0f}% of a large matmul's "
+            f"{_flops(data['matmul_flops_per_s'])}; MFU ({data['compute_dtype']}) "
+            f"{100 * data['mfu']:.0f}%"]
+
+
+def _flops(rate: float) -> str:
+    return f"{rate / 1e12:.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:.1f} GFLOP/s"
 
 
 def junit_summary(path: Path) -> list[str]:
@@ -57,10 +76,23 @@ def main(paths: list[str]) -> int:
         path = Path(name)
         if not path.is_file():
             print(f"{name}: missing (step did not finish)")
+        elif path.stat().st_size == 0:  # pytest-benchmark leaves it empty when none ran
+            print(f"{name}: empty (no benchmark finished)")
         elif path.suffix == ".xml":
-            print("\n".join(junit_summary(path)))
+            try:
+                print("\n".join(junit_summary(path)))
+            except ET.ParseError as exc:
+                print(f"{name}: unreadable ({exc})")
         else:
-            rows += benchmark_rows(path)
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as exc:
+                print(f"{name}: unreadable ({exc})")
+                continue
+            if "speedup" in data:
+                print("\n".join(rl_iteration_summary(path, data)))
+            else:
+                rows += benchmark_rows(data)
     if rows:
         print(format_rows(rows))
     return 0

@@ -29,7 +29,7 @@ ROUNDS = 20
 NFT_SHAPE = (4, 1 << 22)  # 16M elements
 FLOW_SHAPE = (6, 20, 1 << 17)  # S, K, D: 15.7M noisy elements from 6 clean rows
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-CONTENDERS = ("eager", "compile", "triton")
+CONTENDERS = ("triton", "eager", "compile")  # ours first: a step cut short by time keeps it
 
 
 @pytest.fixture(scope="module")

@@ -93,6 +93,7 @@ def compile_config(config, arch: int = ARCH) -> Row:
         src = ASTSource(fn, config.signature, config.constexprs, attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, WARP_SIZE),
                                   options={"num_warps": config.num_warps,
+                                           "num_stages": config.num_stages,
                                            "enable_fp_fusion": True})
         usage = ptxas_usage(compiled.asm["ptx"], arch)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row and a non-zero exit

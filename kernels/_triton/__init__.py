@@ -53,6 +53,7 @@ class AotConfig:
     constexprs: dict[str, Any]
     num_warps: int
     aligned: tuple[str, ...] = ()
+    num_stages: int = 3  # Triton's CUDA default
 
     def with_unit(self, name: str) -> AotConfig:
         """This configuration with integer argument ``name`` equal to 1, which Triton compiles
