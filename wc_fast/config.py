@@ -54,7 +54,11 @@ class ModelConfig:
 
 @dataclass(slots=True)
 class RolloutConfig:
-    """Candidate generation with the old (EMA) model."""
+    """Candidate generation with the old (EMA) model.
+
+    ``composite_fraction`` of the training clips command a key combination, one of those
+    pressing a number of keys in ``composite_keys``.
+    """
 
     group_size: int = 16
     groups_per_rank: int = 1
@@ -65,6 +69,7 @@ class RolloutConfig:
     exploration: str = "noise"
     sde_noise: float = 0.7
     composite_fraction: float = 0.5
+    composite_keys: tuple[int, ...] = (2, 3, 4)
     capture: str = "auto"
 
 
@@ -210,13 +215,17 @@ def _cpu() -> Config:
     cfg.model.patch = 8
     cfg.model.depth = 4
     cfg.model.prediction = "warp"
-    cfg.pretrain.steps = 8000
+    # the shipped base model: 3835 steps (4.5 min on an H200), no key combinations at all
+    cfg.pretrain.steps = 3835
+    cfg.pretrain.composite_fraction = 0.0
     cfg.rollout.group_size = 8
     # two groups per update: the per-update costs (Muon and AdamW steps, EMA, about 55 ms on
     # 2 cores) are shared by twice the model work, and the update's gradient is less noisy
     cfg.rollout.groups_per_rank = 2
     cfg.rollout.num_clips = 3
     cfg.rollout.steps = 10
+    # combinations of two keys, as WorldPlay's composite actions (forward + turn, ...)
+    cfg.rollout.composite_keys = (2,)
     cfg.reward.trans_thresholds = (0.08, 0.12)
     cfg.reward.rot_threshold_deg = 2.0
     cfg.nft.compile = True
@@ -379,6 +388,10 @@ def validate(cfg: Config) -> None:
     _require(0.0 <= ro.sde_noise <= 1.0, "rollout.sde_noise", "in [0, 1]", ro.sde_noise)
     _require(0.0 <= ro.composite_fraction <= 1.0, "rollout.composite_fraction", "in [0, 1]",
              ro.composite_fraction)
+    _require(len(ro.composite_keys) >= 1 and set(ro.composite_keys) <= {2, 3, 4}
+             and all(isinstance(k, int) for k in ro.composite_keys), "rollout.composite_keys",
+             "a non-empty subset of (2, 3, 4)", ro.composite_keys)
+
     _choices("rollout.capture", ro.capture, ("auto", "eager", "compile", "cuda_graph"))
     _require(0.0 <= rw.lam <= 1.0, "reward.lam", "in [0, 1]", rw.lam)
     _require(rw.Z > 0, "reward.Z", "> 0", rw.Z)

@@ -1,14 +1,16 @@
 """``python -m wc_fast.eval``: action following and visual quality of long rollouts.
 
 For a held-out set of world prompts and action sequences (fixed seeds; a ``basic`` set with one
-key per clip and a ``composite`` set with key combinations), the model generates every
+key per clip, a ``composite`` set with key combinations of 2 to 4 keys and a
+``composite_2key`` set with exactly two keys per clip), the model generates every
 sequence autoregressively clip by clip with the deterministic ODE sampler. Each clip is scored
 with the EVALUATION camera estimator (not the one the RL reward uses) and the critic:
 - accuracy: fraction of frames whose full action (translation and rotation label) matches the
   command, best translation threshold per clip (:func:`action_accuracy`);
 - vq: the critic's mean score over the clip's frames at the reward stride.
 Reported per set, per horizon (short / medium / long = first, middle, last third of the clips)
-and per clip index (the exposure-bias view), like the WorldCompass paper's Table 1.
+and per clip index (the exposure-bias view), like the WorldCompass paper's Table 1; the
+composite set also by the number of keys pressed.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from tqdm import tqdm
 
 from wc_fast import checkpoint
 from wc_fast import config as config_lib
-from wc_fast.actions import describe, split_action
+from wc_fast.actions import describe, num_primitives, split_action
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
 from wc_fast.rewards import load_critic, load_estimator, vq_scores
@@ -38,7 +40,9 @@ from wc_fast.runtime import generator, resolve_device
 from wc_fast.sampler import ClipSampler
 from wc_fast.world import sample_sequences
 
-KINDS = {"basic": 0.0, "composite": 1.0}
+# set name -> (composite fraction, keys a composite presses); the set's seed is seed + index
+KINDS = {"basic": (0.0, (2, 3, 4)), "composite": (1.0, (2, 3, 4)),
+         "composite_2key": (1.0, (2,))}
 EVAL_SEED = 900_001
 
 
@@ -140,9 +144,13 @@ def horizons(clips: int) -> dict[str, slice]:
             "long": slice(clips - third, clips)}
 
 
-def summarize(acc: Tensor, vq: Tensor) -> dict:
-    """JSON block of one set: overall, per horizon and per clip index."""
+def summarize(acc: Tensor, vq: Tensor, keys: Tensor) -> dict:
+    """JSON block of one set: overall, per horizon, per clip index and per number of keys
+    pressed (``keys`` ``[n, N]``, the clips' commands)."""
     block = {"accuracy": acc.mean().item(), "vq": vq.mean().item(),
+             "by_keys": {str(int(k)): {"accuracy": acc[keys == k].mean().item(),
+                                       "clips": int((keys == k).sum())}
+                         for k in keys.unique().tolist()},
              "by_clip": [{"clip": c + 1, "accuracy": acc[:, c].mean().item(),
                           "vq": vq[:, c].mean().item()} for c in range(acc.shape[1])]}
     for name, sl in horizons(acc.shape[1]).items():
@@ -164,17 +172,19 @@ def evaluate(model: TinyWorldDiT, settings: EvalSettings, *, estimator=None, cri
     result: dict = {"settings": {k: getattr(settings, k) for k in settings.__slots__},
                     "ground_truth": {}, "by_clip": []}
     frames_out = {}
-    for k, (kind, fraction) in enumerate(KINDS.items()):
+    for k, (kind, (fraction, keys)) in enumerate(KINDS.items()):
         data = sample_sequences(settings.sequences, num_clips=settings.clips,
                                 seed=settings.seed + k, composite_fraction=fraction,
-                                clip_frames=cfg.clip_frames, resolution=cfg.resolution)
+                                composite_keys=keys, clip_frames=cfg.clip_frames,
+                                resolution=cfg.resolution)
         gen = rollout_sequences(model, data.frames[:, :1], data.actions, steps=settings.steps,
                                 shift=settings.shift, seed=settings.seed + k, progress=progress)
         acc, vq = score_sequences(gen, data.actions, clip_frames=cfg.clip_frames,
                                   settings=settings, estimator=estimator, critic=critic)
         gt_acc, gt_vq = score_sequences(data.frames, data.actions, clip_frames=cfg.clip_frames,
                                         settings=settings, estimator=estimator, critic=critic)
-        result[kind] = summarize(acc, vq)
+        clip_keys = num_primitives(data.actions[:, ::cfg.clip_frames])
+        result[kind] = summarize(acc, vq, clip_keys)
         result["ground_truth"][kind] = {"accuracy": gt_acc.mean().item(),
                                         "vq": gt_vq.mean().item()}
         result["by_clip"] += [{"set": kind, **row} for row in result[kind]["by_clip"]]
@@ -201,6 +211,11 @@ def print_table(result: dict, console: Console | None = None, title: str = "wc_f
                  for h in ("short", "medium", "long")]
         table.add_row(kind, *cells, f"{block['accuracy']:.3f}", f"{block['vq']:.3f}",
                       f"{result['ground_truth'][kind]['accuracy']:.3f}")
+    for keys in ("3", "4"):
+        if keys in result["composite"]["by_keys"]:
+            entry = result["composite"]["by_keys"][keys]
+            table.add_row(f"  composite, {keys} keys ({entry['clips']} clips)", "", "", "",
+                          f"{entry['accuracy']:.3f}", "", "")
     console.print(table)
     clips = Table(title="accuracy by clip index")
     clips.add_column("set")

@@ -98,10 +98,13 @@ def optimality(
     return r.to(out_dtype), adv.to(out_dtype)
 
 
-def select_extremes(A: Tensor, k: int = 3) -> Tensor:
+def select_extremes(A: Tensor, k: int = 3, *, generator: torch.Generator | None = None
+                    ) -> Tensor:
     """Indices ``[B, 2k]`` of the top-k candidates (best first) then the bottom-k (worst first).
 
-    Ties keep candidate order (stable sort), so the selection is deterministic.
+    Ties keep candidate order (stable sort), so the selection is deterministic; with a
+    ``generator``, tied candidates are ordered by a random permutation drawn from it instead, so
+    that no candidate index is favoured at the cut (label rewards tie often).
     """
     if not isinstance(A, Tensor) or A.dim() != 2:
         raise ValueError(f"A must be a tensor [B, G], got "
@@ -110,5 +113,12 @@ def select_extremes(A: Tensor, k: int = 3) -> Tensor:
         raise ValueError(f"k must be an int with 1 <= k and 2k <= G = {A.shape[1]}, got {k!r}")
     if A.is_floating_point() and not bool(torch.isfinite(A).all()):
         raise ValueError("A must be finite, got NaN or inf")
-    order = torch.sort(A, dim=1, descending=True, stable=True).indices
+    if generator is None:
+        order = torch.sort(A, dim=1, descending=True, stable=True).indices
+    else:
+        perm = torch.stack([torch.randperm(A.shape[1], generator=generator,
+                                           device=generator.device) for _ in range(A.shape[0])])
+        perm = perm.to(A.device)
+        shuffled = torch.sort(A.gather(1, perm), dim=1, descending=True, stable=True).indices
+        order = perm.gather(1, shuffled)
     return torch.cat([order[:, :k], order[:, -k:].flip(1)], dim=1)

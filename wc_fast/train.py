@@ -61,6 +61,11 @@ def initial_model(cfg: config_lib.Config, device: torch.device) -> TinyWorldDiT:
     return model.train()
 
 
+def trainer_spread(row: dict) -> list[float]:
+    """The motion spreads of a metrics row (basic, then composite groups, where present)."""
+    return [row[k] for k in ("motion_spread_basic", "motion_spread_composite") if k in row]
+
+
 def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
     train_s = stats.times.get("train", 0.0)
     row = {"step": stats.step, "clip": stats.clip_index, "if_mean": stats.if_mean,
@@ -68,7 +73,8 @@ def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
            "skipped_groups": stats.skipped_groups, "ema_decay": stats.ema_decay,
            **{f"{k}_s": v for k, v in stats.times.items()}, "clips_per_s": stats.clips_per_s,
            "train_tflops": stats.train_flops / max(train_s, 1e-9) / 1e12,
-           "mfu": stats.train_flops / max(train_s, 1e-9) / peak}
+           "mfu": stats.train_flops / max(train_s, 1e-9) / peak,
+           **{f"motion_spread_{k}": v for k, v in stats.motion_spread.items()}}
     row.update(telemetry.read())
     return row
 
@@ -156,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bar.set_postfix(clip=row["clip"], IF=f"{row['if_mean']:.3f}",
                         VQ=f"{row['vq_mean']:.3f}", r_std=f"{row['r_std']:.2f}",
                         roll=f"{row['rollout_s']:.1f}s", rew=f"{row['reward_s']:.1f}s",
-                        train=f"{row['train_s']:.1f}s", clips_s=f"{row['clips_per_s']:.1f}")
+                        train=f"{row['train_s']:.1f}s", clips_s=f"{row['clips_per_s']:.1f}",
+                        spread=" ".join(f"{v:.1f}" for v in trainer_spread(row)))
         if log is not None:
             log.append(row)
         if (step + 1) % cfg.train.ckpt_every == 0 or step + 1 == cfg.train.steps:

@@ -29,7 +29,10 @@ from wc_fast.ema import ema_decay, ema_update
 from wc_fast.models import ContextCache, TinyWorldDiT
 from wc_fast.nft import optimality, select_extremes
 from wc_fast.optim import build_optimizers
-from wc_fast.rewards import if_scores, load_critic, load_estimator, vq_scores
+from wc_fast.actions import is_composite, split_action
+from wc_fast.rewards import interaction_score, load_critic, load_estimator, vq_scores
+from wc_fast.rewards.exploration import camera_motion, estimator_motion_error, motion_spread
+from wc_fast.rewards.scoring import camera_poses
 from wc_fast.rollout import GroupRollout, rollout_clip_level, rollout_sample_level
 from wc_fast.runtime import compile_unavailable, generator, stream_seed
 from wc_fast.sampler import ClipSampler, sigma_schedule
@@ -53,6 +56,7 @@ class IterationStats:
     times: dict[str, float] = field(default_factory=dict)
     clips_per_s: float = 0.0
     train_flops: float = 0.0
+    motion_spread: dict[str, float] = field(default_factory=dict)
 
 
 def group_prompt(cfg: Config, step: int, group: int, device: torch.device
@@ -61,6 +65,7 @@ def group_prompt(cfg: Config, step: int, group: int, device: torch.device
     data = sample_sequences(1, num_clips=cfg.rollout.num_clips,
                             seed=stream_seed(cfg.train.seed, step, group, "prompt") % 2**31,
                             composite_fraction=cfg.rollout.composite_fraction,
+                            composite_keys=cfg.rollout.composite_keys,
                             clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
     return data.frames[:, :1].to(device), data.actions[0].to(device)
 
@@ -99,6 +104,9 @@ class Trainer:
             self._velocity = {k: torch.compile(fn) for k, fn in self._velocity.items()}
         self.estimator = load_estimator("reward", device=device)
         self.critic = load_critic(device=device)
+        # the reward estimator's own error on ground-truth renders: the unit of motion_spread
+        self.estimator_error = estimator_motion_error(
+            self.estimator, clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
 
     # -- groups ---------------------------------------------------------------------------------
 
@@ -119,26 +127,36 @@ class Trainer:
                               self.cfg.rollout.group_size, gen))
         return groups
 
-    def _scores(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor]:
-        """Raw IF and VQ scores ``[B, G]`` from the reward estimator and the critic."""
+    def _scores(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor, list[float]]:
+        """Raw IF and VQ scores ``[B, G]`` from the reward estimator and the critic, and each
+        group's motion spread (from the same estimated poses)."""
         rw = self.cfg.reward
-        s_if, s_vq = [], []
+        s_if, s_vq, spread = [], [], []
         for group in groups:
             frames = group.reward_frames()
-            s_if.append(if_scores(self.estimator, frames, group.clip_actions,
-                                  trans_thresholds=rw.trans_thresholds,
-                                  rot_threshold_deg=rw.rot_threshold_deg))
+            c2w = camera_poses(self.estimator, frames)
+            trans_gt, rot_gt = split_action(group.clip_actions.to(c2w.device))
+            s_if.append(interaction_score(c2w, trans_gt, rot_gt,
+                                          trans_thresholds=rw.trans_thresholds,
+                                          rot_threshold_deg=rw.rot_threshold_deg))
             s_vq.append(vq_scores(self.critic, frames, stride=rw.vq_stride, mode=rw.vq_mode))
-        return torch.stack(s_if).float(), torch.stack(s_vq).float()
+            spread.append(motion_spread(camera_motion(c2w.cpu()), self.estimator_error))
+        return torch.stack(s_if).float(), torch.stack(s_vq).float(), spread
 
-    def rewards(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor]:
-        """IF and VQ scores ``[B, G]``; NaN or inf raises :class:`RewardNaNError`."""
-        s_if, s_vq = self._scores(groups)
+    def rewards(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor, dict[str, float]]:
+        """IF and VQ scores ``[B, G]`` and the mean motion spread of this rank's basic and
+        composite groups (keys absent when there is no such group); NaN or inf raises
+        :class:`RewardNaNError`."""
+        s_if, s_vq, spread = self._scores(groups)
         for name, s in (("IF", s_if), ("VQ", s_vq)):
             if not bool(torch.isfinite(s).all()):
                 raise RewardNaNError(f"the {name} reward returned NaN or inf for clip "
                                      f"{groups[0].clip_index}; check the reward model")
-        return s_if, s_vq
+        by_kind: dict[str, list[float]] = {}
+        for group, value in zip(groups, spread, strict=True):
+            kind = "composite" if bool(is_composite(group.clip_actions[0])) else "basic"
+            by_kind.setdefault(kind, []).append(value)
+        return s_if, s_vq, {k: sum(v) / len(v) for k, v in by_kind.items()}
 
     def advantages(self, s_if: Tensor, s_vq: Tensor) -> tuple[Tensor, Tensor]:
         rw = self.cfg.reward
@@ -150,10 +168,14 @@ class Trainer:
               ) -> tuple[float, int, float]:
         """NFT updates on the kept candidates; returns (mean loss, skipped groups, FLOPs)."""
         nf, c = self.cfg.nft, self.cfg
-        kept = select_extremes(adv, nf.keep)
+        gen = generator(c.train.seed, step, "select")
+        kept = select_extremes(adv, nf.keep, generator=gen)
         flat = (adv == 0).all(dim=1)
         k_sig = math.ceil(nf.timestep_fraction * len(self.sigmas))
-        chunks = torch.arange(2 * nf.keep).tensor_split(c.optim.updates_per_iteration)
+        # kept positions in a random order before they are split into updates, so each update
+        # sees positives and negatives (in kept order the first saw only the best)
+        order = torch.randperm(2 * nf.keep, generator=gen)
+        chunks = order.tensor_split(c.optim.updates_per_iteration)
         losses, flops = [], 0.0
         for chunk in chunks:
             batches = [self._items(step, gid, group, r[b], kept[b, chunk], k_sig)
@@ -295,7 +317,7 @@ class Trainer:
         groups = self.rollout(step, clip_index)
         times["rollout"] = self._sync_time(t0)
         t0 = time.perf_counter()
-        s_if, s_vq = self.rewards(groups)
+        s_if, s_vq, spread = self.rewards(groups)
         r, adv = self.advantages(s_if, s_vq)
         times["reward"] = self._sync_time(t0)
         t0 = time.perf_counter()
@@ -310,7 +332,7 @@ class Trainer:
                               r_std=float(r.float().std(dim=1).mean()), loss=loss,
                               skipped_groups=skipped, ema_decay=decay, times=times,
                               clips_per_s=generated / max(times["rollout"], 1e-9),
-                              train_flops=flops)
+                              train_flops=flops, motion_spread=spread)
 
     def _global_mean(self, t: Tensor) -> float:
         return self._global_sum(float(t.float().sum())) / self._global_sum(float(t.numel()))

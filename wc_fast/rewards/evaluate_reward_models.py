@@ -5,8 +5,10 @@ the held-out stream ``batch_seed(EVAL_DATA_SEED, i)`` that no training recipe us
 
 - estimators: per-frame label agreement (translation and rotation labels both equal to the
   commanded ones) at each translation threshold of the ``cpu`` preset, split into basic,
-  composite and no-op frames (a new random action every frame); and the IF score of
-  ground-truth renders (one action per clip, as the RL task commands);
+  composite and no-op frames (a new random action every frame); the IF score of
+  ground-truth renders (one action per clip, as the RL task commands); and the mean error of
+  the estimated per-frame camera motion in units of the largest step (the world's speed
+  varies, so this says whether the estimator measures how far the camera moved);
 - critic: how often a clean frame scores above its degraded version, per degradation; and
   static clips (no-op) against moving clean clips from the same start frames.
 """
@@ -27,6 +29,7 @@ from wc_fast.config import preset
 from wc_fast.rewards.critic import VisualQualityScorer, load_critic
 from wc_fast.rewards.degrade import KINDS, degraded_pairs
 from wc_fast.rewards.estimators import CameraEstimator, load_estimator
+from wc_fast.rewards.exploration import estimator_motion_error
 from wc_fast.rewards.interaction import poses_to_labels
 from wc_fast.rewards.scoring import if_scores
 from wc_fast.world import batch_seed, sample_clips
@@ -137,6 +140,8 @@ def evaluate(*, clips: int = 1000, threads: int = 2) -> dict:
         report[f"estimator_{which}"] = {
             "labels": label_agreement(est, clips=clips, **thresholds),
             "if_ground_truth": if_of_ground_truth(est, clips=clips, **thresholds),
+            "motion_error_steps": round(estimator_motion_error(
+                est, clips=clips, seed=EVAL_DATA_SEED + 1), 4),
             "seconds": round(time.perf_counter() - start, 1)}
     critic = load_critic()
     report["critic"] = {"pair_accuracy": critic_pairs(critic, clips=clips),

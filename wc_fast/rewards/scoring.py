@@ -26,6 +26,13 @@ def _check_frames(frames: Tensor) -> None:
                          f"{tuple(getattr(frames, 'shape', ()))}")
 
 
+def camera_poses(estimator: CameraEstimator, frames: Tensor) -> Tensor:
+    """The estimator's c2w ``[n, F+1, 4, 4]`` of ``frames`` ``[n, F+1, C, H, W]`` (no grad)."""
+    _check_frames(frames)
+    with torch.no_grad():
+        return estimator(frames)
+
+
 def if_scores(estimator: CameraEstimator, frames: Tensor, actions: Tensor, *,
               trans_thresholds: Sequence[float], rot_threshold_deg: float) -> Tensor:
     """Interaction-following score per candidate, ``[n]`` (DESIGN section 5).
@@ -39,8 +46,7 @@ def if_scores(estimator: CameraEstimator, frames: Tensor, actions: Tensor, *,
     if actions.shape[-1] != frames.shape[1] - 1 or actions.dim() not in (1, 2):
         raise ValueError(f"actions must be [n, F] or [F] with F={frames.shape[1] - 1}, got "
                          f"{tuple(actions.shape)}")
-    with torch.no_grad():
-        c2w = estimator(frames)
+    c2w = camera_poses(estimator, frames)
     trans_gt, rot_gt = split_action(actions.to(c2w.device))
     return interaction_score(c2w, trans_gt, rot_gt, trans_thresholds=trans_thresholds,
                              rot_threshold_deg=rot_threshold_deg)
