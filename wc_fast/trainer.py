@@ -23,13 +23,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from kernels import flow_noise, nft_loss
+from wc_fast.actions import is_composite, split_action
 from wc_fast.config import Config
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
 from wc_fast.ema import ema_decay, ema_update
 from wc_fast.models import ContextCache, TinyWorldDiT
 from wc_fast.nft import optimality, select_extremes
 from wc_fast.optim import build_optimizers
-from wc_fast.actions import is_composite, split_action
 from wc_fast.rewards import interaction_score, load_critic, load_estimator, vq_scores
 from wc_fast.rewards.exploration import camera_motion, estimator_motion_error, motion_spread
 from wc_fast.rewards.scoring import camera_poses
