@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from wc_fast.actions import basic_actions
@@ -12,7 +13,7 @@ from wc_fast.models.pretrained import export_world_model
 from wc_fast.rewards import load_critic, load_estimator
 from wc_fast.world import sample_sequences
 
-SETTINGS = EvalSettings.from_config(preset("cpu"), sequences=2, clips=2, steps=2)
+SETTINGS = EvalSettings.from_config(preset("cpu"), sequences=3, clips=2, steps=2)
 
 
 def test_ground_truth_renders_score_high_and_wrong_labels_score_low():
@@ -35,11 +36,21 @@ def test_evaluate_runs_end_to_end_and_is_deterministic(tmp_path):
     model = TinyWorldDiT(preset("smoke").model).eval()
     a = evaluate(model, SETTINGS)
     b = evaluate(model, SETTINGS)
-    for kind in ("basic", "composite"):
+    for kind in ("basic", "composite", "composite_2key"):
         assert 0.0 <= a[kind]["accuracy"] <= 1.0
         assert a[kind]["accuracy"] == b[kind]["accuracy"]
         assert len(a[kind]["by_clip"]) == 2
-    assert {row["set"] for row in a["by_clip"]} == {"basic", "composite"}
+        assert set(a[kind]) >= {"vq", "short", "long", "by_keys"}
+    assert {row["set"] for row in a["by_clip"]} == {"basic", "composite", "composite_2key"}
+    assert set(a["basic"]["by_keys"]) == {"1"}
+    assert set(a["composite_2key"]["by_keys"]) == {"2"}
+    assert a["composite_2key"]["by_keys"]["2"]["clips"] == SETTINGS.sequences * SETTINGS.clips
+    by_keys = a["composite"]["by_keys"]
+    assert set(by_keys) <= {"2", "3", "4"}
+    clips = sum(entry["clips"] for entry in by_keys.values())
+    assert clips == SETTINGS.sequences * SETTINGS.clips
+    weighted = sum(e["accuracy"] * e["clips"] for e in by_keys.values()) / clips
+    assert weighted == pytest.approx(a["composite"]["accuracy"])
 
 
 def test_command_writes_json_and_grid(tmp_path):
@@ -50,5 +61,5 @@ def test_command_writes_json_and_grid(tmp_path):
     assert main(["--checkpoint", str(weights), "--json", str(out), "--grid", str(grid),
                  "--sequences", "1", "--clips", "2", "--steps", "2"]) == 0
     result = json.loads(out.read_text())
-    assert set(result) >= {"basic", "composite", "by_clip", "ground_truth"}
+    assert set(result) >= {"basic", "composite", "composite_2key", "by_clip", "ground_truth"}
     assert grid.is_file() and grid.stat().st_size > 0

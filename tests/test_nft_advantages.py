@@ -67,6 +67,24 @@ def test_select_extremes_ties_are_deterministic():
     assert select_extremes(a, k=1).tolist() == [[0, 3]]
 
 
+def test_select_extremes_breaks_ties_at_random_with_a_generator():
+    """Tied candidates are picked equally often (no low-index bias); untied order holds, and
+    the same generator seed gives the same pick."""
+    a = torch.tensor([[1.0, 1.0, 1.0, 0.5, 0.0, 0.0, 0.0, 0.0]])
+    gen = torch.Generator().manual_seed(0)
+    picks = torch.stack([select_extremes(a, k=2, generator=gen)[0] for _ in range(600)])
+    top, bottom = picks[:, :2], picks[:, 2:]
+    assert set(top.flatten().tolist()) == {0, 1, 2}
+    assert set(bottom.flatten().tolist()) == {4, 5, 6, 7}
+    counts = torch.bincount(top.flatten(), minlength=3)[:3].double()
+    assert float(counts.min() / counts.max()) > 0.8, counts
+    clear = torch.tensor([[0.1, 0.5, -0.2, 0.9, 0.0, -0.7]])
+    assert select_extremes(clear, k=2, generator=gen).tolist() == [[3, 1, 5, 2]]
+    again = [select_extremes(a, k=2, generator=torch.Generator().manual_seed(3)).tolist()
+             for _ in range(2)]
+    assert again[0] == again[1]
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_rewards_raise(bad):
     s = torch.tensor([[0.1, 0.2, bad]])

@@ -1,5 +1,6 @@
 """Pretraining: the loss goes down, and an interrupted run resumes exactly."""
 
+import itertools
 import json
 import shutil
 
@@ -82,3 +83,17 @@ def test_held_out_loss_is_logged_every_eval_interval(tmp_path):
     for r in records:
         if "held_out_ema" in r:
             assert 0 < r["held_out_live"] < 10 and 0 < r["held_out_ema"] < 10
+
+
+def test_max_minutes_stops_checkpoints_and_exports_what_ran(tmp_path, monkeypatch):
+    """A spent wall-clock budget ends the run after the current step: the checkpoint, the
+    exported weights and the card all say how many steps ran."""
+    clock = itertools.count(0, 40)  # every reading 40 s after the last
+    monkeypatch.setattr("wc_fast.pretrain.time.perf_counter", lambda: float(next(clock)))
+    assert main([*SMALL, "--steps", "50", "--out", str(tmp_path),
+                 "--pretrain.max_minutes", "1.5"]) == 0
+    card = json.loads((tmp_path / "base_model.json").read_text())
+    records = [json.loads(line) for line in (tmp_path / "loss.jsonl").open()]
+    assert card["steps"] == len(records) < 50
+    assert checkpoint.latest(tmp_path).name.endswith(f"{card['steps']:08d}")
+    assert "held_out_ema" in records[-1]

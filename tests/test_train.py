@@ -108,7 +108,8 @@ def test_unknown_field_is_a_usage_error(tmp_path, capsys):
 def test_nan_reward_is_a_clear_error(tmp_path, monkeypatch):
     def nan_critic(self, groups):
         g = self.cfg.rollout.group_size
-        return torch.rand(len(groups), g), torch.full((len(groups), g), float("nan"))
+        return (torch.rand(len(groups), g), torch.full((len(groups), g), float("nan")),
+                [1.0] * len(groups))
 
     monkeypatch.setattr(Trainer, "_scores", nan_critic)
     with pytest.raises(RewardNaNError, match="VQ reward returned NaN"):
@@ -118,7 +119,8 @@ def test_nan_reward_is_a_clear_error(tmp_path, monkeypatch):
 def test_all_equal_groups_make_no_update_and_are_counted(tmp_path, monkeypatch):
     def flat(self, groups):
         g = self.cfg.rollout.group_size
-        return torch.full((len(groups), g), 0.5), torch.full((len(groups), g), 0.25)
+        return (torch.full((len(groups), g), 0.5), torch.full((len(groups), g), 0.25),
+                [0.0] * len(groups))
 
     monkeypatch.setattr(Trainer, "_scores", flat)
     assert main([*SMOKE, "--steps", "1", "--out", str(tmp_path),
@@ -199,7 +201,7 @@ def test_training_climbs_a_reward_in_its_direction(sign):
     class BrightnessReward(Trainer):
         def _scores(self, groups):
             s = torch.stack([sign * g.candidates.mean(dim=(1, 2, 3, 4)) for g in groups])
-            return s.float(), torch.zeros_like(s).float()
+            return s.float(), torch.zeros_like(s).float(), [0.0] * len(groups)
 
     torch.manual_seed(0)
     trainer = BrightnessReward(cfg, TinyWorldDiT(cfg.model), torch.device("cpu"))

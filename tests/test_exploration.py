@@ -1,0 +1,50 @@
+"""motion_spread: the within-group spread of candidate camera motion, in estimator-error units."""
+
+import pytest
+import torch
+
+from wc_fast import world
+from wc_fast.rewards import load_estimator
+from wc_fast.rewards.exploration import camera_motion, estimator_motion_error, motion_spread
+from wc_fast.world.motion import ROTATION_STEP_DEG, TRANSLATION_STEP, action_deltas, chain
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_camera_motion_reads_steps_in_units_of_the_largest_step():
+    ids = torch.tensor([[9, 1, 36, 4]])  # forward, yaw right, left, pitch down
+    delta = action_deltas(ids, translation_step=0.5 * TRANSLATION_STEP,
+                          rotation_step_deg=0.75 * ROTATION_STEP_DEG)
+    motion = camera_motion(chain(torch.eye(4, dtype=torch.float64)[None], delta))
+    want = torch.tensor([[[0, 0.5, 0, 0], [0, 0, 0.75, 0], [-0.5, 0, 0, 0], [0, 0, 0, -0.75]]],
+                        dtype=torch.float64)
+    torch.testing.assert_close(motion, want, atol=1e-9, rtol=0)
+
+
+def test_motion_spread_is_the_candidate_std_over_the_error():
+    same = torch.ones(6, 4, 4)
+    assert motion_spread(same, 0.05) == 0.0
+    two = torch.zeros(2, 4, 4)
+    two[1] = 0.2  # std over 2 candidates: 0.2 / sqrt(2)
+    assert motion_spread(two, 0.1) == pytest.approx(0.2 / 2**0.5 / 0.1)
+    with pytest.raises(ValueError, match="G >= 2"):
+        motion_spread(torch.zeros(1, 4, 4), 0.1)
+    with pytest.raises(ValueError, match="error"):
+        motion_spread(two, 0.0)
+
+
+def test_estimator_error_is_zero_for_exact_poses_and_small_for_the_shipped_one():
+    class Exact:
+        """Returns the ground-truth poses of the clips it was built for."""
+
+        def __init__(self, clips):
+            self.clips = clips
+
+        def __call__(self, frames):
+            assert torch.equal(frames, self.clips.frames)
+            return self.clips.c2w
+
+    data = world.sample_clips(8, seed=world.batch_seed(9100, 0))
+    assert estimator_motion_error(Exact(data), clips=8) == pytest.approx(0.0, abs=1e-6)
+    error = estimator_motion_error(load_estimator("reward"), clips=16)
+    assert 0.0 < error < 0.15  # a few hundredths of the largest step
