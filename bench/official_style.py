@@ -137,7 +137,8 @@ class OfficialStyleIteration:
                                                     history_actions, sigma=ctx)
                     v_theta = self.model.velocity(x_t, sigma, clip_actions, cache)
                     loss = reference.nft_loss(v_theta, v_theta.detach(), v_target,
-                                              r[b, c:c + 1].float(), beta=nf.beta, sigma=sigma,
+                                              r[b, c:c + 1].float().to(self.device),
+                                              beta=nf.beta, sigma=sigma,
                                               space=nf.loss_space)
                     (loss / (2 * k_sig)).backward()
                 if n_done % per_update == 0 or n_done == len(kept[b]):

@@ -52,3 +52,30 @@ def test_exit_status_is_one_on_any_failure(monkeypatch, capsys, failure):
     captured = capsys.readouterr()
     assert "1 of 2 configurations failed" in captured.err
     assert ("SPILLS" if "spill_stores" in failure else "CompilationError") in captured.out
+
+
+FP64_SCALE = """
+from dataclasses import replace
+from kernels import aot
+from kernels._triton.prefix_attention import aot_configs
+picked = {}
+for config in aot_configs():
+    picked.setdefault((config.kernel.fn.__name__, config.dtype), config)
+for config in picked.values():
+    row = aot.compile_config(replace(config, signature={**config.signature, "scale": "fp64"}))
+    assert row.ok, row
+print(len(picked), "compiled")
+"""
+
+
+def test_attention_kernels_compile_with_an_fp64_scale():
+    """torch.compile launches user Triton kernels with a Python float typed fp64; the kernels
+    cast it to fp32 so their accumulators keep one type (an fp64 ``scale`` once failed with
+    "Loop-carried variable acc ... re-assigned to fp64" on the GPU). Compiled without the
+    interpreter, in a subprocess."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", FP64_SCALE], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "compiled" in proc.stdout

@@ -37,6 +37,11 @@ class ModelConfig:
     from the head: camera motion in a static scene is mostly a warp of the last frame, and a
     warp keeps its detail sharp where a narrow token stream would blur it. Needs
     ``reference_frame``.
+
+    ``motion_latent``: the model was pretrained with each clip's camera speed, turn rate and
+    onset written into three directions of its noise (:mod:`wc_fast.models.motion_latent`),
+    so the candidates of one command move differently; RL training noise carries each
+    candidate's own latents.
     """
 
     resolution: int = 32
@@ -50,6 +55,7 @@ class ModelConfig:
     dtype: str = "float32"
     reference_frame: bool = True
     prediction: str = "velocity"
+    motion_latent: bool = False
 
 
 @dataclass(slots=True)
@@ -152,7 +158,8 @@ class PretrainConfig:
     """Flow-matching pretraining of the embedded world model (``python -m wc_fast.pretrain``).
 
     ``max_minutes``: a wall-clock budget (0 = none); the run stops after the step that spends
-    it, checkpoints and exports, and the card records the steps it ran.
+    it, checkpoints and exports, and the card records the steps it ran. ``init``: exported
+    weights (``.safetensors`` with its card) to start from instead of a random model.
     """
 
     steps: int = 3000
@@ -170,6 +177,7 @@ class PretrainConfig:
     eval_every: int = 500
     keep_last: int = 2
     max_minutes: float = 0.0
+    init: str = ""
 
 
 @dataclass(slots=True)

@@ -28,9 +28,10 @@ from wc_fast import checkpoint
 from wc_fast import config as config_lib
 from wc_fast.cli import parse_run_args
 from wc_fast.models import TinyWorldDiT
-from wc_fast.models.pretrained import export_world_model
+from wc_fast.models.motion_latent import LATENTS, factor_latents, with_latents
+from wc_fast.models.pretrained import export_world_model, load_world_model
 from wc_fast.runtime import generator, resolve_device, stream_seed
-from wc_fast.world import batch_seed, sample_sequences
+from wc_fast.world import Clips, batch_seed, sample_sequences
 
 # fields that may change between an interrupted run and its resumption: bookkeeping, and
 # everything pretraining does not read (only model.*, pretrain.* and rollout.shift shape it)
@@ -47,11 +48,14 @@ def shifted(u: torch.Tensor, shift: float) -> torch.Tensor:
 
 
 def flow_matching_loss(model: TinyWorldDiT, frames: torch.Tensor, actions: torch.Tensor, *,
-                       shift: float, gen: torch.Generator) -> torch.Tensor:
+                       shift: float, gen: torch.Generator,
+                       motion_factors: Tensor | None = None) -> torch.Tensor:
     """Velocity MSE over every clip of ``frames`` ``[B, 1 + N*F, C, H, W]``.
 
     Each clip gets its own sigma (shifted uniform) and noise; the clean history gets noise at
-    the context sigma the model is conditioned on.
+    the context sigma the model is conditioned on. For a model with ``motion_latent``, each
+    clip's noise carries its ``motion_factors`` ``[B, N, 3]`` (one key press per clip) in its
+    latent directions (:mod:`wc_fast.models.motion_latent`).
     """
     b, total = frames.shape[:2]
     f = model.clip_frames
@@ -60,6 +64,12 @@ def flow_matching_loss(model: TinyWorldDiT, frames: torch.Tensor, actions: torch
     x0 = frames[:, 1:].reshape(b * n, f, *frames.shape[2:])
     sigma = shifted(torch.rand(b * n, 1, generator=gen, device=device), shift)
     noise = torch.randn(x0.shape, generator=gen, device=device)
+    if model.cfg.motion_latent:
+        if motion_factors is None or tuple(motion_factors.shape) != (b, n, LATENTS):
+            raise ValueError(f"a motion_latent model needs motion_factors [{b}, {n}, "
+                             f"{LATENTS}] (one key press per clip), got "
+                             f"{None if motion_factors is None else tuple(motion_factors.shape)}")
+        noise = with_latents(noise, factor_latents(motion_factors.reshape(b * n, LATENTS)))
     x_t, v_target = flow_noise(x0, sigma, noise)
     ctx_sigma = model.cfg.context_sigma
     context = (1 - ctx_sigma) * frames + ctx_sigma * torch.randn(frames.shape, generator=gen,
@@ -89,49 +99,64 @@ def ema_with_warmup(decay: float):
     return update
 
 
-def training_batches(cfg: config_lib.Config, start: int) -> Iterator[tuple[int, Tensor, Tensor]]:
-    """``(step, frames, actions)`` of every step from ``start``: batch ``step`` is rendered from
+def start_from(model: TinyWorldDiT, path: str) -> None:
+    """Load exported weights ``path`` into ``model``; sizes must match ``model.cfg``."""
+    loaded = load_world_model(path)
+    if loaded.signature != model.signature:
+        raise ValueError(f"pretrain.init {path}: weights of sizes {loaded.signature}, the "
+                         f"config wants {model.signature} (resolution, channels, patch, dim, "
+                         f"depth, heads)")
+    model.load_state_dict(loaded.state_dict())
+
+
+def training_batches(cfg: config_lib.Config, start: int) -> Iterator[tuple[int, Clips]]:
+    """``(step, clips)`` of every step from ``start``: batch ``step`` is rendered from
     ``batch_seed(pretrain.seed, step)``, one step ahead on a background thread, so rendering
     (CPU) overlaps the model's step (on a GPU; torch ops release the GIL)."""
     pt = cfg.pretrain
 
-    def render(step: int) -> tuple[Tensor, Tensor]:
-        batch = sample_sequences(pt.batch_size, num_clips=pt.num_clips,
-                                 seed=batch_seed(pt.seed, step),
-                                 composite_fraction=pt.composite_fraction,
-                                 clip_frames=cfg.model.clip_frames,
-                                 resolution=cfg.model.resolution)
-        return batch.frames, batch.actions
+    def render(step: int) -> Clips:
+        return sample_sequences(pt.batch_size, num_clips=pt.num_clips,
+                                seed=batch_seed(pt.seed, step),
+                                composite_fraction=pt.composite_fraction,
+                                clip_frames=cfg.model.clip_frames,
+                                resolution=cfg.model.resolution)
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(render, start)
         for step in range(start, pt.steps):
-            frames, actions = pending.result()
+            batch = pending.result()
             if step + 1 < pt.steps:
                 pending = pool.submit(render, step + 1)
-            yield step, frames, actions
+            yield step, batch
 
 
-def held_out_batch(cfg: config_lib.Config, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Frames and actions of one fixed batch that training never draws (its own world seed)."""
+def held_out_batch(cfg: config_lib.Config) -> Clips:
+    """One fixed batch that training never draws (its own world seed)."""
     pt = cfg.pretrain
-    batch = sample_sequences(pt.batch_size, num_clips=pt.num_clips,
-                             seed=stream_seed(pt.seed, "held_out"),
-                             composite_fraction=pt.composite_fraction,
-                             clip_frames=cfg.model.clip_frames,
-                             resolution=cfg.model.resolution)
-    return batch.frames.to(device), batch.actions.to(device)
+    return sample_sequences(pt.batch_size, num_clips=pt.num_clips,
+                            seed=stream_seed(pt.seed, "held_out"),
+                            composite_fraction=pt.composite_fraction,
+                            clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
+
+
+def batch_loss(model: TinyWorldDiT, batch: Clips, cfg: config_lib.Config,
+               gen: torch.Generator) -> Tensor:
+    """:func:`flow_matching_loss` of a rendered batch on the model's device."""
+    device = next(model.parameters()).device
+    return flow_matching_loss(model, batch.frames.to(device), batch.actions.to(device),
+                              shift=cfg.rollout.shift, gen=gen,
+                              motion_factors=batch.motion_factors.to(device))
 
 
 @torch.no_grad()
-def held_out_losses(models: dict[str, TinyWorldDiT], batch: tuple[Tensor, Tensor],
-                    cfg: config_lib.Config) -> dict[str, float]:
+def held_out_losses(models: dict[str, TinyWorldDiT], batch: Clips, cfg: config_lib.Config
+                    ) -> dict[str, float]:
     """Flow-matching loss of each of ``models`` on the held-out ``batch`` with a fixed noise
     stream, so values at different steps are comparable."""
-    frames, actions = batch
-    return {name: flow_matching_loss(model, frames, actions, shift=cfg.rollout.shift,
-                                     gen=generator(cfg.pretrain.seed, "held_out",
-                                                   device=frames.device)).item()
+    device = next(iter(models.values())).patch_embed.weight.device
+    return {name: batch_loss(model, batch, cfg,
+                             generator(cfg.pretrain.seed, "held_out", device=device)).item()
             for name, model in models.items()}
 
 
@@ -143,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(pt.out)
     torch.manual_seed(pt.seed)
     model = TinyWorldDiT(cfg.model).to(device)
+    if pt.init:
+        start_from(model, pt.init)
     ema = AveragedModel(model, avg_fn=ema_with_warmup(pt.ema), use_buffers=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=pt.lr, betas=(0.9, 0.99),
                                   weight_decay=pt.weight_decay)
@@ -163,14 +190,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"pretraining TinyWorldDiT ({n_params / 1e6:.2f} M parameters) on {device}: "
           f"{pt.steps} steps of {pt.batch_size} sequences x {pt.num_clips} clips")
-    held_out = held_out_batch(cfg, device)
+    held_out = held_out_batch(cfg)
     t0 = time.perf_counter()
     bar = tqdm(initial=start, total=pt.steps, desc="pretrain", dynamic_ncols=True)
     last = pt.steps
-    for step, frames, actions in training_batches(cfg, start):
-        loss = flow_matching_loss(model, frames.to(device), actions.to(device),
-                                  shift=cfg.rollout.shift,
-                                  gen=generator(pt.seed, step, "noise", device=device))
+    for step, batch in training_batches(cfg, start):
+        loss = batch_loss(model, batch, cfg, generator(pt.seed, step, "noise", device=device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if pt.grad_clip > 0:
@@ -200,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             break
     bar.close()
     wall = time.perf_counter() - t0
-    card = {"steps": last, "batch_size": pt.batch_size, "num_clips": pt.num_clips,
+    card = {"steps": last, "init": pt.init or None, "batch_size": pt.batch_size,
+            "num_clips": pt.num_clips,
             "composite_fraction": pt.composite_fraction, "seed": pt.seed, "lr": pt.lr,
             "wall_seconds_this_run": round(wall, 1), "device": str(device),
             "final_loss": log[-1]["loss"] if log else None,

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from wc_fast.models import ContextCache, TinyWorldDiT
+from wc_fast.models.motion_latent import noise_latents
 from wc_fast.sampler import ClipSampler
 
 
@@ -24,7 +25,9 @@ class GroupRollout:
 
     ``history`` ``[H, 1 + (n-1)*F, C, H, W]`` (``H = 1`` clip-level, ``G`` sample-level),
     ``history_actions`` ``[H, 1 + (n-1)*F]`` (0 for the prompt frame), ``caches`` the old
-    model's cache of each history, ``candidates`` ``[G, F, C, H, W]``, ``clip_actions`` ``[F]``.
+    model's cache of each history, ``candidates`` ``[G, F, C, H, W]``, ``clip_actions`` ``[F]``,
+    ``latents`` ``[G, 3]`` the motion latents of each candidate's initial noise
+    (:mod:`wc_fast.models.motion_latent`).
     """
 
     history: Tensor
@@ -33,6 +36,7 @@ class GroupRollout:
     candidates: Tensor
     clip_actions: Tensor
     clip_index: int
+    latents: Tensor
 
     @property
     def previous_frames(self) -> Tensor:
@@ -77,9 +81,10 @@ def rollout_clip_level(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tensor
     history, history_actions, cache = generate_history(model, sampler, prompt, actions,
                                                        clip_index - 1, gen)
     clip_actions = actions[(clip_index - 1) * f:clip_index * f]
-    candidates = sampler.sample(cache, clip_actions, num=group_size, generator=gen).clips
-    return GroupRollout(history, history_actions, [cache], candidates.clamp(-1, 1),
-                        clip_actions, clip_index)
+    sampled = sampler.sample(cache, clip_actions, num=group_size, generator=gen)
+    latents = noise_latents(sampled.noise).expand(group_size, -1)
+    return GroupRollout(history, history_actions, [cache], sampled.clips.clamp(-1, 1),
+                        clip_actions, clip_index, latents)
 
 
 @torch.no_grad()
@@ -89,13 +94,14 @@ def rollout_sample_level(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tens
     """Each candidate generates its whole sequence ``1..clip_index`` (its own history)."""
     f = model.clip_frames
     clip_actions = actions[(clip_index - 1) * f:clip_index * f]
-    histories, caches, candidates = [], [], []
+    histories, caches, candidates, latents = [], [], [], []
     for _ in range(group_size):
         history, history_actions, cache = generate_history(model, sampler, prompt, actions,
                                                            clip_index - 1, gen)
-        clip = sampler.sample(cache, clip_actions, num=1, generator=gen).clips
+        sampled = sampler.sample(cache, clip_actions, num=1, generator=gen)
         histories.append(history)
         caches.append(cache)
-        candidates.append(clip.clamp(-1, 1))
+        candidates.append(sampled.clips.clamp(-1, 1))
+        latents.append(noise_latents(sampled.noise))
     return GroupRollout(torch.cat(histories), history_actions.expand(group_size, -1), caches,
-                        torch.cat(candidates), clip_actions, clip_index)
+                        torch.cat(candidates), clip_actions, clip_index, torch.cat(latents))

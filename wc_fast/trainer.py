@@ -28,6 +28,7 @@ from wc_fast.config import Config
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
 from wc_fast.ema import ema_decay, ema_update
 from wc_fast.models import ContextCache, TinyWorldDiT
+from wc_fast.models.motion_latent import with_latents
 from wc_fast.nft import optimality, select_extremes
 from wc_fast.optim import build_optimizers
 from wc_fast.rewards import interaction_score, load_critic, load_estimator, vq_scores
@@ -217,6 +218,9 @@ class Trainer:
         x0 = group.candidates[chosen.to(self.device)]
         noise = torch.randn((len(chosen) * k_sig, *x0.shape[1:]), generator=gen,
                             device=self.device)
+        if self.cfg.model.motion_latent:  # each candidate's noise says how it moved
+            latents = group.latents[chosen.to(group.latents.device)]
+            noise = with_latents(noise, latents.repeat_interleave(k_sig, dim=0).to(noise.device))
         x_t, v_target = flow_noise(x0, sigmas, noise, check_values=False)
         owner = chosen.repeat_interleave(k_sig).tolist()
         return {"group": group, "x_t": x_t, "v_target": v_target, "sigma": sigmas.flatten(),

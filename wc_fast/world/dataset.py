@@ -34,12 +34,15 @@ class Clips:
         c2w: ``[n, 1+F, 4, 4]`` float32 camera-to-world poses (OpenCV camera frame).
         forced_noop: ``[n, S]`` bool, segments that fell back to a no-op (see
             :mod:`wc_fast.world.trajectory`).
+        motion_factors: ``[n, S, 3]`` float32, each segment's speed, turn rate and onset
+            (fractions of the largest step; see :mod:`wc_fast.world.motion`).
     """
 
     frames: Tensor
     actions: Tensor
     c2w: Tensor
     forced_noop: Tensor
+    motion_factors: Tensor
 
     def __len__(self) -> int:
         return self.frames.shape[0]
@@ -47,7 +50,8 @@ class Clips:
     def __getitem__(self, idx: int | slice | Tensor) -> Clips:
         if isinstance(idx, int):
             idx = slice(idx, idx + 1)
-        return Clips(self.frames[idx], self.actions[idx], self.c2w[idx], self.forced_noop[idx])
+        return Clips(self.frames[idx], self.actions[idx], self.c2w[idx], self.forced_noop[idx],
+                     self.motion_factors[idx])
 
 
 def _sample(n: int, seed: int, *, num_segments: int, segment_frames: int,
@@ -64,7 +68,8 @@ def _sample(n: int, seed: int, *, num_segments: int, segment_frames: int,
                     max_tilt_deg=max_tilt_deg, **motion)
     frames = render(scenes, traj.c2w, resolution=resolution, fov_deg=fov_deg,
                     supersample=supersample)
-    return Clips(frames, traj.actions, traj.c2w.to(torch.float32), traj.forced_noop)
+    return Clips(frames, traj.actions, traj.c2w.to(torch.float32), traj.forced_noop,
+                 traj.motion_factors.to(torch.float32))
 
 
 def _segments(total_frames: int, segment_frames: int) -> int:

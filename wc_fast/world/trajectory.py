@@ -39,11 +39,14 @@ DEFAULT_MAX_TILT_DEG = 30.0
 
 class Trajectory(NamedTuple):
     """``actions`` ``[n, S*L]`` long, ``c2w`` ``[n, 1 + S*L, 4, 4]`` float64 (start pose first),
-    ``forced_noop`` ``[n, S]`` bool (segments that fell back to no-op)."""
+    ``forced_noop`` ``[n, S]`` bool (segments that fell back to no-op), ``motion_factors``
+    ``[n, S, 3]`` float64: each segment's speed, turn rate and onset (fractions, see
+    :mod:`wc_fast.world.motion`)."""
 
     actions: Tensor
     c2w: Tensor
     forced_noop: Tensor
+    motion_factors: Tensor
 
 
 def _class_masks(composite_keys: tuple[int, ...]) -> Tensor:
@@ -63,16 +66,18 @@ def _uniform(n: int, bounds: tuple[float, float], gen: torch.Generator) -> Tenso
 
 
 def _segment_deltas(n: int, frames: int, gen: torch.Generator, speed_range: tuple[float, float],
-                    onset_range: tuple[float, float]) -> Tensor:
-    """Per-frame motion of every action id in one segment of each trajectory:
-    ``[n, frames, 81, 4, 4]`` (speed, turn rate and onset drawn per trajectory)."""
+                    onset_range: tuple[float, float]) -> tuple[Tensor, Tensor]:
+    """Per-frame motion of every action id in one segment of each trajectory
+    ``[n, frames, 81, 4, 4]``, and the (speed, turn rate, onset) drawn for it ``[n, 3]``."""
     speed, turn = _uniform(n, speed_range, gen), _uniform(n, speed_range, gen)
+    onset = _uniform(n, onset_range, gen)
     ramp = torch.ones(n, frames, dtype=torch.float64)
-    ramp[:, 0] = _uniform(n, onset_range, gen)
+    ramp[:, 0] = onset
     ids = torch.arange(NUM_ACTIONS)[None, None]
     trans_step = (TRANSLATION_STEP * speed[:, None] * ramp)[..., None]
     rot_step = (ROTATION_STEP_DEG * turn[:, None] * ramp)[..., None]
-    return action_deltas(ids, translation_step=trans_step, rotation_step_deg=rot_step)
+    deltas = action_deltas(ids, translation_step=trans_step, rotation_step_deg=rot_step)
+    return deltas, torch.stack([speed, turn, onset], dim=-1)
 
 
 def _allowed(scenes: Scenes, poses: Tensor, min_tilt_cos: float) -> Tensor:
@@ -124,10 +129,11 @@ def generate(scenes: Scenes, start: Tensor, gen: torch.Generator, *, num_segment
     masks = _class_masks(tuple(composite_keys))
     min_cos = max_tilt_cos(max_tilt_deg) - 1e-9
     pose = start.to(torch.float64)
-    actions, poses, forced = [], [pose], []
+    actions, poses, forced, factors = [], [pose], [], []
     rows = torch.arange(n)
     for _ in range(num_segments):
-        deltas = _segment_deltas(n, segment_frames, gen, speed_range, onset_range)
+        deltas, drawn = _segment_deltas(n, segment_frames, gen, speed_range, onset_range)
+        factors.append(drawn)
         noop = torch.rand(n, generator=gen, dtype=torch.float64) < noop_fraction
         composite = torch.rand(n, generator=gen, dtype=torch.float64) < composite_fraction
         cls = torch.where(noop, 2, composite.long())
@@ -142,4 +148,4 @@ def generate(scenes: Scenes, start: Tensor, gen: torch.Generator, *, num_segment
         forced.append(stuck)
         pose = path[:, -1]
     return Trajectory(torch.cat(actions, 1), torch.cat([poses[0][:, None]] + poses[1:], 1),
-                      torch.stack(forced, 1))
+                      torch.stack(forced, 1), torch.stack(factors, 1))
