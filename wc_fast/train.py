@@ -105,7 +105,7 @@ def _resume(trainer: Trainer, cfg: config_lib.Config) -> int:
 def summary(cfg: config_lib.Config, trained: TinyWorldDiT, device: torch.device,
             console: Console) -> dict:
     """Base vs trained evaluation (eval estimator, not the reward one) and a rollout grid."""
-    from wc_fast.eval import EvalSettings, evaluate, save_grid
+    from wc_fast.eval import KINDS, EvalSettings, evaluate, save_grid
     from wc_fast.rewards import load_estimator
 
     settings = EvalSettings.from_config(cfg, sequences=cfg.train.eval_sequences,
@@ -118,13 +118,14 @@ def summary(cfg: config_lib.Config, trained: TinyWorldDiT, device: torch.device,
     frames = results["trained"].pop("_frames")
     table = Table(title=f"base vs trained ({settings.sequences} sequences x "
                         f"{settings.clips} clips per set, eval estimator)")
-    for col in ("model", "basic acc", "composite acc", "basic VQ", "composite VQ"):
-        table.add_column(col, justify="right" if col != "model" else "left")
-    for name, res in results.items():
-        table.add_row(name, *(f"{res[s][m]:.3f}" for m, s in (("accuracy", "basic"),
-                                                                ("accuracy", "composite"),
-                                                                ("vq", "basic"),
-                                                                ("vq", "composite"))))
+    for col in ("set", "base acc", "trained acc", "change", "base VQ", "trained VQ"):
+        table.add_column(col, justify="right" if col != "set" else "left")
+    base_res, trained_res = results["base"], results["trained"]
+    for kind in KINDS:
+        before, after = base_res[kind], trained_res[kind]
+        table.add_row(kind, f"{before['accuracy']:.3f}", f"{after['accuracy']:.3f}",
+                      f"{after['accuracy'] - before['accuracy']:+.3f}", f"{before['vq']:.3f}",
+                      f"{after['vq']:.3f}")
     console.print(table)
     out = Path(cfg.train.out)
     (out / "summary.json").write_text(json.dumps(results, indent=2))

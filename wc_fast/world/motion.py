@@ -1,4 +1,4 @@
-"""Per-frame camera motion of each action id (docs/design.md section 5).
+"""Per-frame camera motion of each action id (the label coding of :mod:`wc_fast.actions`).
 
 An action is applied in the CAMERA frame: ``c2w[i] = c2w[i-1] @ delta``, so the relative
 motion ``inv(c2w[i-1]) @ c2w[i]`` of a frame is exactly its ``delta``.
