@@ -24,6 +24,7 @@ from wc_fast.actions import split_action
 from wc_fast.config import Config
 from wc_fast.ema import ema_decay
 from wc_fast.models import TinyWorldDiT
+from wc_fast.models.motion_latent import noise_latents, with_latents
 from wc_fast.nft import optimality, select_extremes
 from wc_fast.optim import build_optimizers
 from wc_fast.rewards import load_critic, load_estimator, poses_to_labels
@@ -81,15 +82,16 @@ class OfficialStyleIteration:
                 history, history_actions, cache = generate_history(
                     self.model, self.sampler, prompt, actions, clip_index - 1, gen)
                 clip_actions = actions[(clip_index - 1) * f:clip_index * f]
-                candidates = torch.cat([
-                    self.sampler.sample(cache, clip_actions, num=1, generator=gen).clips
-                    for _ in range(cfg.rollout.group_size)]).clamp(-1, 1)
-                groups.append((history, history_actions, candidates, clip_actions))
+                sampled = [self.sampler.sample(cache, clip_actions, num=1, generator=gen)
+                           for _ in range(cfg.rollout.group_size)]
+                candidates = torch.cat([s.clips for s in sampled]).clamp(-1, 1)
+                latents = torch.cat([noise_latents(s.noise) for s in sampled])
+                groups.append((history, history_actions, candidates, clip_actions, latents))
         self._swap(live)
         times["rollout"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         s_if, s_vq = [], []
-        for history, _, candidates, clip_actions in groups:
+        for history, _, candidates, clip_actions, _ in groups:
             trans_gt, rot_gt = split_action(clip_actions)
             row_if, row_vq = [], []
             for c in range(candidates.shape[0]):
@@ -118,24 +120,28 @@ class OfficialStyleIteration:
         k_sig = math.ceil(nf.timestep_fraction * len(self.sigmas))
         ctx = self.model.cfg.context_sigma
         per_update = math.ceil(kept.shape[1] / cfg.optim.updates_per_iteration)
-        for b, (history, history_actions, candidates, clip_actions) in enumerate(groups):
+        for b, (history, history_actions, candidates, clip_actions, latents) in enumerate(groups):
+            motion = latents if self.model.cfg.motion_latent else None
             gen = generator(cfg.train.seed, step, b, "official-noise")
             for n_done, c in enumerate(kept[b].tolist(), start=1):
                 for j in torch.randperm(len(self.sigmas), generator=gen)[:k_sig].tolist():
                     s = float(self.sigmas[j])
                     x0 = candidates[c:c + 1]
                     eps = torch.randn(x0.shape, generator=gen).to(self.device)
+                    one = None if motion is None else motion[c:c + 1]
+                    if one is not None:
+                        eps = with_latents(eps, one)
                     x_t, v_target = (1 - s) * x0 + s * eps, eps - x0
                     sigma = torch.full((1,), s, device=self.device)
                     live = self._swap(self.ema_cpu)
                     with torch.no_grad():
                         cache = self.model.extend_cache(self.model.empty_cache(), history,
                                                         history_actions, sigma=ctx)
-                        self.model.velocity(x_t, sigma, clip_actions, cache)
+                        self.model.velocity(x_t, sigma, clip_actions, cache, motion=one)
                     self._swap(live)
                     cache = self.model.extend_cache(self.model.empty_cache(), history,
                                                     history_actions, sigma=ctx)
-                    v_theta = self.model.velocity(x_t, sigma, clip_actions, cache)
+                    v_theta = self.model.velocity(x_t, sigma, clip_actions, cache, motion=one)
                     loss = reference.nft_loss(v_theta, v_theta.detach(), v_target,
                                               r[b, c:c + 1].float().to(self.device),
                                               beta=nf.beta, sigma=sigma,

@@ -69,13 +69,16 @@ def flow_matching_loss(model: TinyWorldDiT, frames: torch.Tensor, actions: torch
             raise ValueError(f"a motion_latent model needs motion_factors [{b}, {n}, "
                              f"{LATENTS}] (one key press per clip), got "
                              f"{None if motion_factors is None else tuple(motion_factors.shape)}")
-        noise = with_latents(noise, factor_latents(motion_factors.reshape(b * n, LATENTS)))
+        latents = factor_latents(motion_factors.reshape(b * n, LATENTS)).to(noise.dtype)
+        noise = with_latents(noise, latents)
     x_t, v_target = flow_noise(x0, sigma, noise)
     ctx_sigma = model.cfg.context_sigma
     context = (1 - ctx_sigma) * frames + ctx_sigma * torch.randn(frames.shape, generator=gen,
                                                                   device=device)
+    motion = latents.reshape(b, n, LATENTS) if model.cfg.motion_latent else None
     v = model.teacher_forced_velocity(context, actions, x_t.reshape(b, n * f, *x0.shape[2:]),
-                                      sigma.reshape(b, n), context_sigma=ctx_sigma)
+                                      sigma.reshape(b, n), context_sigma=ctx_sigma,
+                                      motion=motion)
     return (v - v_target.reshape(v.shape)).square().mean()
 
 
@@ -100,13 +103,19 @@ def ema_with_warmup(decay: float):
 
 
 def start_from(model: TinyWorldDiT, path: str) -> None:
-    """Load exported weights ``path`` into ``model``; sizes must match ``model.cfg``."""
+    """Load exported weights ``path`` into ``model``; sizes must match ``model.cfg``. Layers
+    the weights lack (the zero-initialised motion embedding, when turning ``motion_latent``
+    on) keep their initialisation."""
     loaded = load_world_model(path)
     if loaded.signature != model.signature:
         raise ValueError(f"pretrain.init {path}: weights of sizes {loaded.signature}, the "
                          f"config wants {model.signature} (resolution, channels, patch, dim, "
                          f"depth, heads)")
-    model.load_state_dict(loaded.state_dict())
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    new = [k for k in missing if not k.startswith("motion_embed.")]
+    if new or unexpected:
+        raise ValueError(f"pretrain.init {path}: weights do not fit the model (missing "
+                         f"{new}, unexpected {unexpected})")
 
 
 def training_batches(cfg: config_lib.Config, start: int) -> Iterator[tuple[int, Clips]]:

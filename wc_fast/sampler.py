@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from wc_fast.models.motion_latent import noise_latents
 from wc_fast.models.protocol import ContextCache, WorldModel
 
 CAPTURE_MODES = ("auto", "eager", "compile", "cuda_graph")
@@ -149,22 +150,26 @@ class ClipSampler:
         """Integrate from ``noise`` over the schedule; per-step scalars are device tensors."""
         x = noise.clone()
         num, device = noise.shape[0], noise.device
+        # a model with motion latents reads them from each candidate's initial noise
+        motion = noise_latents(noise) if self.model.cfg.motion_latent else None
         for i, (s, s_next) in enumerate(zip(self.sigmas[:-1], self.sigmas[1:], strict=True)):
             stochastic = step_noise is not None and s_next > 0
             std = sde_step_std(s, self.sde_noise, self.sigmas[1]) if stochastic else 0.0
             x = step(x, torch.full((num,), s, device=device), torch.full((), s, device=device),
                      torch.full((), s_next - s, device=device), torch.full((), std, device=device),
                      actions, cache.keys, cache.values, cache.num_frames, cache.signature,
-                     cache.last_frame, step_noise[i] if stochastic else None)
+                     cache.last_frame, step_noise[i] if stochastic else None, motion)
         return x
 
     def _step(self, x: Tensor, sigma: Tensor, s: Tensor, dt: Tensor, std: Tensor,
               actions: Tensor, keys: list[Tensor], values: list[Tensor], num_frames: int,
-              signature: tuple, last_frame: Tensor | None, eps: Tensor | None) -> Tensor:
+              signature: tuple, last_frame: Tensor | None, eps: Tensor | None,
+              motion: Tensor | None = None) -> Tensor:
         """One Euler step, or a Flow-GRPO SDE step when ``eps`` is given, from ``s`` by ``dt``."""
         cache = ContextCache(keys=keys, values=values, num_frames=num_frames,
                              signature=signature, last_frame=last_frame)
-        v = self.model.velocity(x, sigma, actions, cache)
+        extra = {} if motion is None else {"motion": motion}
+        v = self.model.velocity(x, sigma, actions, cache, **extra)
         if eps is None:
             return x + dt * v
         drift = x * (1 + std**2 / (2 * s) * dt) + v * (1 + std**2 * (1 - s) / (2 * s)) * dt

@@ -218,13 +218,16 @@ class Trainer:
         x0 = group.candidates[chosen.to(self.device)]
         noise = torch.randn((len(chosen) * k_sig, *x0.shape[1:]), generator=gen,
                             device=self.device)
-        if self.cfg.model.motion_latent:  # each candidate's noise says how it moved
-            latents = group.latents[chosen.to(group.latents.device)]
-            noise = with_latents(noise, latents.repeat_interleave(k_sig, dim=0).to(noise.device))
+        motion = None
+        if self.cfg.model.motion_latent:  # each candidate moved as its noise's latents said
+            motion = group.latents[chosen.to(group.latents.device)].to(self.device)
+            motion = motion.repeat_interleave(k_sig, dim=0)
+            noise = with_latents(noise, motion)
         x_t, v_target = flow_noise(x0, sigmas, noise, check_values=False)
         owner = chosen.repeat_interleave(k_sig).tolist()
         return {"group": group, "x_t": x_t, "v_target": v_target, "sigma": sigmas.flatten(),
-                "r": r[chosen].repeat_interleave(k_sig).to(self.device), "owner": owner}
+                "r": r[chosen].repeat_interleave(k_sig).to(self.device), "owner": owner,
+                "motion": motion}
 
     def _current_cache(self, group: GroupRollout, row: int, old_cache: ContextCache
                        ) -> tuple[ContextCache, float]:
@@ -267,13 +270,14 @@ class Trainer:
                     old_cache: ContextCache) -> tuple[Tensor, float]:
         nf = self.cfg.nft
         x_t, sigma = item["x_t"][part], item["sigma"][part]
-        v_theta = self._velocity["model"](x_t, sigma, actions, cache)
+        motion = None if item["motion"] is None else item["motion"][part]
+        v_theta = self._velocity["model"](x_t, sigma, actions, cache, motion=motion)
         batch_flops = self.model.velocity_flops(len(part), cache.num_tokens)
         if nf.old_prediction == "detached_current":
             v_old, flops = v_theta.detach(), 3 * batch_flops
         else:
             with torch.no_grad():
-                v_old = self._velocity["old"](x_t, sigma, actions, old_cache)
+                v_old = self._velocity["old"](x_t, sigma, actions, old_cache, motion=motion)
             flops = 4 * batch_flops
         loss = nft_loss(v_theta, v_old, item["v_target"][part].to(v_theta.dtype),
                         item["r"][part], beta=nf.beta, sigma=sigma, space=nf.loss_space,

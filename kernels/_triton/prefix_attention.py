@@ -147,7 +147,7 @@ def prefix_attn_fwd_kernel(
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + rows[:, None] * stride_ql
                 + offs_d[None, :], mask=q_mask, other=0.0).to(DOT)
     # fp32 even when the launcher passes a Python float as fp64 (torch.compile does)
-    scale = scale.to(tl.float32)
+    scale = tl.cast(scale, tl.float32)
     qk_scale = scale * LOG2E  # base-2 exponentials
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -224,7 +224,7 @@ def prefix_attn_bwd_dq_kernel(
     delta = tl.sum(do * o, axis=1)
     tl.store(delta_ptr + seq + rows, delta, mask=row_mask)
     lse2 = tl.load(lse_ptr + seq + rows, mask=row_mask, other=0.0) * LOG2E
-    scale = scale.to(tl.float32)
+    scale = tl.cast(scale, tl.float32)
     qk_scale = scale * LOG2E
     q = q.to(DOT)
     do = do.to(DOT)
@@ -271,7 +271,7 @@ def prefix_attn_bwd_dkdv_kernel(
                 + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT)
     v = tl.load(v_ptr + group * stride_vb + h * stride_vh + cols[:, None] * stride_vl
                 + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT)
-    scale = scale.to(tl.float32)
+    scale = tl.cast(scale, tl.float32)
     qk_scale = scale * LOG2E
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)

@@ -54,5 +54,9 @@ class WorldModel(Protocol):
 
     def velocity(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache
                  ) -> Tensor:
-        """Velocity ``[B, F, C, H, W]`` for ``B`` noisy clips sharing one ``cache``."""
+        """Velocity ``[B, F, C, H, W]`` for ``B`` noisy clips sharing one ``cache``.
+
+        A model whose config sets ``motion_latent`` also takes ``motion=`` latents ``[B, 3]``
+        (:mod:`wc_fast.models.motion_latent`); the sampler reads them from the initial noise.
+        """
         ...

@@ -23,6 +23,7 @@ from kernels import prefix_attention
 from kernels._checks import values_checkable
 from wc_fast.actions import NUM_ACTIONS, label_to_bits, split_action
 from wc_fast.config import PREDICTIONS, ModelConfig
+from wc_fast.models.motion_latent import LATENTS
 from wc_fast.models.protocol import ContextCache
 from wc_fast.models.rope import apply_rope, rope_tables
 
@@ -227,6 +228,13 @@ class TinyWorldDiT(nn.Module):
         # for the first few hundred steps of pretraining
         self.key_embed = nn.Linear(9, cfg.dim, bias=False)
         nn.init.normal_(self.key_embed.weight, std=1.0)
+        if cfg.motion_latent:
+            # the generated clip's motion latents (speed, turn rate, onset; see
+            # wc_fast.models.motion_latent), zero-initialised: a model pretrained without them
+            # starts unchanged
+            self.motion_embed = nn.Linear(LATENTS, cfg.dim)
+            nn.init.zeros_(self.motion_embed.weight)
+            nn.init.zeros_(self.motion_embed.bias)
         self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads) for _ in range(cfg.depth))
         self.final_modulation = nn.Linear(cfg.dim, 2 * cfg.dim)
         # "warp" adds a 2-channel flow per pixel to the clean-clip residual, plus a global
@@ -282,13 +290,33 @@ class TinyWorldDiT(nn.Module):
                              f"model has {self.signature} (resolution, channels, patch, dim, "
                              "depth, heads)")
 
-    def _conditioning(self, sigma: Tensor, actions: Tensor) -> Tensor:
-        """``sigma`` ``[B]`` or ``[B, F]``, ``actions`` ``[B, F]`` -> condition ``[B, F, D]``."""
+    def _conditioning(self, sigma: Tensor, actions: Tensor, motion: Tensor | None = None
+                      ) -> Tensor:
+        """``sigma`` ``[B]`` or ``[B, F]``, ``actions`` ``[B, F]``, ``motion`` latents
+        ``[B, F, 3]`` (models with ``motion_latent``; ``None``: zeros) -> condition
+        ``[B, F, D]``."""
         b, f = actions.shape
         per_frame = sigma.reshape(b, -1).expand(b, f).reshape(-1)
         t = self.sigma_mlp(sigma_embedding(per_frame)).reshape(b, f, -1)
         keys = self.keys_of_action[actions].to(self.key_embed.weight.dtype)
-        return t + self.key_embed(keys)
+        cond = t + self.key_embed(keys)
+        if motion is not None:
+            cond = cond + self.motion_embed(motion.to(self.motion_embed.weight.dtype))
+        return cond
+
+    def _check_motion(self, motion: Tensor | None, *lead: int) -> Tensor | None:
+        """Motion latents ``[*lead, 3]`` of the clips a head predicts (required by, and only
+        by, a ``motion_latent`` model)."""
+        if not self.cfg.motion_latent:
+            if motion is not None:
+                raise ValueError("motion latents given to a model without model.motion_latent")
+            return None
+        want = (*lead, LATENTS)
+        if not isinstance(motion, Tensor) or tuple(motion.shape) != want:
+            raise ValueError(f"this model (model.motion_latent) needs motion latents of shape "
+                             f"{list(want)} (read from each clip's initial noise), got "
+                             f"{tuple(motion.shape) if isinstance(motion, Tensor) else motion}")
+        return motion
 
     def patchify(self, frames: Tensor) -> Tensor:
         """``[B, F, C, H, W]`` -> tokens ``[B, F*g*g, C*p*p]`` (frame-major, then row, column)."""
@@ -337,6 +365,8 @@ class TinyWorldDiT(nn.Module):
         patch = c.channels * c.patch**2
         flops = 2 * frames * (256 * d + d * d)  # sigma embedding MLP
         flops += 2 * frames * self.key_embed.in_features * d  # key embedding
+        if c.motion_latent:
+            flops += 2 * frames * LATENTS * d  # motion latent embedding
         flops += 2 * tokens * patch * (2 if c.reference_frame else 1) * d  # patch embedding
         per_layer = 2 * frames * d * 6 * d + 24 * tokens * d * d + 4 * attended_pairs * d
         flops += c.depth * per_layer
@@ -405,13 +435,15 @@ class TinyWorldDiT(nn.Module):
                             signature=self.signature, last_frame=frames[:, -1])
 
     def teacher_forced_velocity(self, frames: Tensor, actions: Tensor, x_t: Tensor,
-                                sigma: Tensor, *, context_sigma: float) -> Tensor:
+                                sigma: Tensor, *, context_sigma: float,
+                                motion: Tensor | None = None) -> Tensor:
         """Velocity of every clip of a sequence given its clean history, in one forward.
 
         ``frames`` ``[B, 1 + N*F, C, H, W]`` clean (prompt first), ``actions`` ``[B, N*F]``,
         ``x_t`` ``[B, N*F, C, H, W]`` noisy clips at ``sigma`` ``[B, N]`` -> ``[B, N*F, ...]``.
         Noisy clip ``j`` sees the clean prompt and clean clips ``< j`` (at ``context_sigma``)
-        and itself, exactly what :meth:`velocity` sees with a cache of that history.
+        and itself, exactly what :meth:`velocity` sees with a cache of that history. ``motion``
+        ``[B, N, 3]``: each noisy clip's motion latents (``motion_latent`` models only).
         """
         self._check_frames("frames", frames)
         self._check_frames("x_t", x_t)
@@ -426,6 +458,11 @@ class TinyWorldDiT(nn.Module):
                              f"{tuple(sigma.shape)}")
         actions = self._check_actions(actions, b, total - 1)
         device = frames.device
+        frame_motion = None
+        if self._check_motion(motion, b, n) is not None:
+            # the clean history carries no latents (zeros); each noisy clip its own
+            frame_motion = torch.cat([motion.new_zeros(b, total, LATENTS),
+                                      motion.repeat_interleave(f, dim=1)], dim=1)
         prompt = torch.full((b, 1), PROMPT_ACTION, dtype=actions.dtype, device=device)
         all_actions = torch.cat([prompt, actions, actions], dim=1)
         all_sigma = torch.cat([torch.full((b, total), float(context_sigma), device=device,
@@ -446,7 +483,7 @@ class TinyWorldDiT(nn.Module):
             reference = torch.cat([reference, reference[:, 1:]], dim=1)
         out, _, _ = self._run(torch.cat([frames, x_t], dim=1), all_sigma, all_actions,
                               self.empty_cache(), attend=attend, positions=positions,
-                              reference=reference, head_from=total)
+                              reference=reference, head_from=total, motion=frame_motion)
         return self._as_velocity(out, x_t, sigma.repeat_interleave(f, dim=1))
 
     def _chunk_ids(self, frames: int, device: torch.device) -> Tensor:
@@ -482,12 +519,13 @@ class TinyWorldDiT(nn.Module):
 
     # -- prediction ---------------------------------------------------------------------------
 
-    def velocity(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache
-                 ) -> Tensor:
+    def velocity(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache, *,
+                 motion: Tensor | None = None) -> Tensor:
         """Velocity ``[B, F, C, H, W]`` (fp32; fp64 for an fp64 model) of ``B`` noisy clips.
 
         ``x_t`` ``[B, F, C, H, W]`` with ``F`` the clip length, ``sigma`` ``[B]``,
-        ``actions`` ``[B, F]`` or ``[F]`` (one command shared by all rows).
+        ``actions`` ``[B, F]`` or ``[F]`` (one command shared by all rows), ``motion`` the
+        clips' motion latents ``[B, 3]`` (only for a ``motion_latent`` model).
         """
         self._check_cache(cache)
         self._check_frames("x_t", x_t)
@@ -498,8 +536,10 @@ class TinyWorldDiT(nn.Module):
             raise ValueError(f"sigma must be a tensor of shape [{b}], got "
                              f"{tuple(sigma.shape) if isinstance(sigma, Tensor) else sigma!r}")
         actions = self._check_actions(actions, b, f)
+        motion = self._check_motion(motion, b)
         out, _, _ = self._run(x_t, sigma, actions, cache,
-                              reference=self._cache_reference(cache, x_t))
+                              reference=self._cache_reference(cache, x_t),
+                              motion=None if motion is None else motion[:, None].expand(b, f, -1))
         return self._as_velocity(out, x_t, sigma[:, None].expand(b, f))
 
     def _as_velocity(self, out: Tensor, x_t: Tensor, sigma: Tensor) -> Tensor:
@@ -539,7 +579,8 @@ class TinyWorldDiT(nn.Module):
 
     def _run(self, frames: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache,
              attend=None, positions: Tensor | None = None, reference: Tensor | None = None,
-             head_from: int | None = 0) -> tuple[Tensor | None, list[Tensor], list[Tensor]]:
+             head_from: int | None = 0, motion: Tensor | None = None
+             ) -> tuple[Tensor | None, list[Tensor], list[Tensor]]:
         """Run all blocks on one chunk per row against the shared history in ``cache``.
 
         ``sigma`` ``[B]`` or per frame ``[B, F]``. ``attend(q, k, v)`` replaces the
@@ -556,7 +597,7 @@ class TinyWorldDiT(nn.Module):
         param_dtype = self.patch_embed.weight.dtype
         rope = rope_tables(positions, self.grid, self.cfg.dim // self.cfg.heads,
                            _acc(param_dtype))
-        cond = self._conditioning(sigma.to(param_dtype), actions)
+        cond = self._conditioning(sigma.to(param_dtype), actions, motion)
         with self._autocast(device):
             tokens = self.patchify(frames.to(param_dtype))
             if reference is not None:
