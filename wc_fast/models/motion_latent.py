@@ -6,13 +6,16 @@ trained with independent noise averages them and generates nearly the same motio
 noise, so the G candidates of a group move alike and RL has nothing to select from.
 
 Flow matching stays exact under any coupling of noise and data whose marginals are the standard
-normal and the data (rectified flow, minibatch-OT flow matching). This one ties three fixed
-directions of the noise to the three motion factors of the clip: the projection of a clip's
-noise ``[F, C, H, W]`` on ``d_c`` (constant over channel ``c``, unit norm) is set to
-``Phi^-1`` of factor ``c``'s position in its range (uniform there, so the projection is still
-a standard normal and the whole noise still is one). The model learns that these projections
-say how fast to move; at sampling time every candidate's own noise draws its own speed, turn
-rate and onset, like a new take of the same command.
+normal and the data (rectified flow, minibatch-OT flow matching). This one ties three noise
+elements to the three motion factors of the clip: element ``c`` of the first pixel of the
+clip's first frame (colour channel ``c``) is set to ``Phi^-1`` of factor ``c``'s position in
+its range (uniform there, so the element is still a standard normal, independent of the rest,
+and the whole noise still is one). Single elements, not a spread-out direction: near pure
+noise their value is read directly by one token, where a per-channel mean of the noise
+(1/64 of an element's scale per latent at 32x32x4) drowns in the clean frame's own mean as
+soon as sigma drops a little. The model learns that these elements say how fast to move; at
+sampling time every candidate's own noise draws its own speed, turn rate and onset, like a
+new take of the same command.
 """
 
 from __future__ import annotations
@@ -24,28 +27,25 @@ from torch import Tensor
 
 from wc_fast.world.motion import ONSET_RANGE, SPEED_RANGE
 
-LATENTS = 3  # speed, turn rate, onset: one per colour channel's direction
+LATENTS = 3  # speed, turn rate, onset: one colour channel each
 FACTOR_RANGES = (SPEED_RANGE, SPEED_RANGE, ONSET_RANGE)
 
 
 def noise_latents(noise: Tensor) -> Tensor:
-    """Projections ``[..., 3]`` of clip noises ``[..., F, C, H, W]`` on the first three
-    channel directions (standard normal for standard-normal noise)."""
+    """The three latent elements ``[..., 3]`` of clip noises ``[..., F, C, H, W]``: the first
+    pixel of the first frame, channels 0..2."""
     if noise.dim() < 4 or noise.shape[-3] < LATENTS:
         raise ValueError(f"noise must be [..., F, C, H, W] with C >= {LATENTS}, got "
                          f"{tuple(noise.shape)}")
-    per_channel = noise.shape[-4] * noise.shape[-2] * noise.shape[-1]
-    sums = noise[..., :LATENTS, :, :].sum(dim=(-4, -2, -1))
-    return sums / math.sqrt(per_channel)
+    return noise[..., 0, :LATENTS, 0, 0]
 
 
 def with_latents(noise: Tensor, latents: Tensor) -> Tensor:
-    """``noise`` ``[..., F, C, H, W]`` with its projections set to ``latents`` ``[..., 3]``
-    (the orthogonal rest unchanged)."""
-    per_channel = noise.shape[-4] * noise.shape[-2] * noise.shape[-1]
-    shift = (latents.to(noise.dtype) - noise_latents(noise)) / math.sqrt(per_channel)
+    """``noise`` ``[..., F, C, H, W]`` with its latent elements set to ``latents``
+    ``[..., 3]`` (every other element unchanged)."""
+    noise_latents(noise)  # shape check
     out = noise.clone()
-    out[..., :LATENTS, :, :] += shift[..., None, :, None, None]
+    out[..., 0, :LATENTS, 0, 0] = latents.to(noise.dtype)
     return out
 
 
