@@ -3,10 +3,33 @@
 Each op has a plain-PyTorch reference in :mod:`kernels.reference` (the spec) and fast backends
 chosen with ``backend=`` (see :mod:`kernels._backend`). This package imports nothing from
 ``wc_fast``.
+
+Needs torch >= 2.11 (the floor in ``pyproject.toml``: the oldest torch tested, the GPU
+image's); an older torch fails here, at import, with both versions named.
 """
 
-from kernels.flow_noise import flow_noise
-from kernels.nft_loss import nft_loss
-from kernels.prefix_attention import prefix_attention
+import re
+
+import torch
+
+TORCH_MIN = (2, 11)
+
+
+def check_torch_version(version: str) -> None:
+    """Raise ImportError if ``version`` (a ``torch.__version__``) is below :data:`TORCH_MIN`;
+    pre-releases and local builds of the floor itself (``2.11.0a0+git...``) pass."""
+    parts = re.match(r"(\d+)\.(\d+)", version)
+    if parts is None or (int(parts[1]), int(parts[2])) < TORCH_MIN:
+        need = ".".join(map(str, TORCH_MIN))
+        raise ImportError(f"kernels (wc_fast) needs torch >= {need}, the oldest version it is "
+                          f"tested with; installed: torch {version}. Upgrade with "
+                          f'pip install "torch>={need}"')
+
+
+check_torch_version(torch.__version__)
+
+from kernels.flow_noise import flow_noise  # noqa: E402
+from kernels.nft_loss import nft_loss  # noqa: E402
+from kernels.prefix_attention import prefix_attention  # noqa: E402
 
 __all__ = ["nft_loss", "flow_noise", "prefix_attention"]

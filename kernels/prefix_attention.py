@@ -17,6 +17,13 @@ _HALF = (torch.float16, torch.bfloat16)
 DTYPES = {"triton": (*_HALF, torch.float32), "flash_attn": _HALF,
           "xformers": (*_HALF, torch.float32)}
 MAX_HEAD_DIM = {"triton": 128, "flash_attn": 256}
+# FlexAttention's CUDA kernels need D >= 16 (torch 2.11: "NYI: embedding dimension of the
+# query, key, and value must be at least 16"); on CPU it takes any head dim
+FLEX_CUDA_MIN_HEAD_DIM = 16
+
+
+def _min_head_dim(backend: str, device: torch.device) -> int:
+    return FLEX_CUDA_MIN_HEAD_DIM if backend == "flex" and device.type == "cuda" else 1
 
 
 def triton_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
@@ -70,8 +77,13 @@ def _candidates(q: Tensor, backend: str) -> tuple[str, ...]:
     """Backends that can take ``q``'s dtype and head dim; raises if ``backend`` cannot."""
     def fits(name: str) -> bool:
         return (q.dtype in DTYPES.get(name, (q.dtype,))
-                and q.shape[-1] <= MAX_HEAD_DIM.get(name, q.shape[-1]))
+                and _min_head_dim(name, q.device) <= q.shape[-1]
+                <= MAX_HEAD_DIM.get(name, q.shape[-1]))
 
+    if backend != "auto" and q.shape[-1] < _min_head_dim(backend, q.device):
+        raise ValueError(f"prefix_attention: backend={backend!r} on {q.device.type} needs head "
+                         f"dim D >= {_min_head_dim(backend, q.device)} (q.shape[-1]), got "
+                         f"D={q.shape[-1]} (use 'triton' or 'reference')")
     if backend != "auto" and backend in IMPLEMENTED and not fits(backend):
         dtypes = ", ".join(str(t).removeprefix("torch.") for t in DTYPES.get(backend, ()))
         limit = f" with D <= {MAX_HEAD_DIM[backend]}" if backend in MAX_HEAD_DIM else ""
@@ -98,9 +110,9 @@ def prefix_attention(
     in all five inputs (``flex`` on CPU: forward only); the prefix gradient is summed over rows.
     Every backend but ``reference`` keeps a single copy of the prefix. ``triton`` takes
     fp16/bf16/fp32 with ``D <= 128``, ``flash_attn`` fp16/bf16 with ``D <= 256``, ``xformers``
-    fp16/bf16/fp32 (``auto`` passes over a backend that cannot take the input). The optional
-    ``flash_attn`` and ``xformers`` backends run on CUDA when their library is installed and
-    are chosen by name only.
+    fp16/bf16/fp32, ``flex`` on CUDA ``D >= 16`` (``auto`` passes over a backend that cannot
+    take the input; naming one raises). The optional ``flash_attn`` and ``xformers`` backends
+    run on CUDA when their library is installed and are chosen by name only.
     """
     _check_inputs(q, k, v, prefix_k, prefix_v)
     chosen = resolve("prefix_attention", backend, q.device, _candidates(q, backend))

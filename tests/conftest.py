@@ -1,9 +1,16 @@
 """Test setup: Triton runs under its CPU interpreter when there is no GPU.
 
 The variable must be set before any Triton kernel module is imported, hence here.
+
+Triton's interpreter before 3.8 calls ``int()`` on one-element arrays, which NumPy 2.4 refuses
+(``TypeError: only 0-dimensional arrays can be converted to Python scalars``; fixed in Triton
+3.8, triton-lang/triton#9171; 3.7 was not checked). With such a pair a test that fails with
+that error is reported as skipped, with the reason, rather than failed; the fix is
+``pip install "numpy<2.4"``.
 """
 
 import os
+import re
 
 import pytest
 import torch
@@ -12,6 +19,49 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+INTERPRETER_NUMPY_ERROR = "only 0-dimensional arrays can be converted to Python scalars"
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor = (re.findall(r"\d+", text) + ["0", "0"])[:2]
+    return int(major), int(minor)
+
+
+def interpreter_numpy_clash() -> str | None:
+    """Why Triton's interpreter cannot run under this NumPy (None when it can)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return None
+    try:
+        import numpy
+        import triton
+    except ImportError:
+        return None
+    if _version(triton.__version__) < (3, 8) and _version(numpy.__version__) >= (2, 4):
+        return (f"Triton {triton.__version__}'s interpreter cannot run under NumPy "
+                f"{numpy.__version__} (int() of a one-element array; fixed in Triton 3.8): "
+                f'pip install "numpy<2.4"')
+    return None
+
+
+CLASH = interpreter_numpy_clash()
+
+
+def pytest_report_header(config):
+    if CLASH:
+        return [f"interpreter tests failing with {INTERPRETER_NUMPY_ERROR!r} are skipped: "
+                f"{CLASH}"]
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    try:
+        return (yield)
+    except Exception as exc:
+        if CLASH and INTERPRETER_NUMPY_ERROR in str(exc):
+            pytest.skip(CLASH)
+        raise
 
 
 def pytest_collection_modifyitems(config, items):

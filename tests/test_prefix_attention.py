@@ -71,15 +71,39 @@ def test_auto_on_cpu_uses_the_split_path():
     assert resolve("prefix_attention", "auto", torch.device("cpu"), IMPLEMENTED) == "split"
 
 
+def test_flex_on_cuda_needs_head_dim_16():
+    """FlexAttention's CUDA kernels take D >= 16: naming ``flex`` raises a ValueError that says
+    so, ``auto`` passes over it; on CPU every head dim stays allowed. Checked on a stand-in
+    for a CUDA tensor (only dtype, shape and device are read)."""
+    from types import SimpleNamespace
+
+    from kernels.prefix_attention import FLEX_CUDA_MIN_HEAD_DIM, _candidates
+
+    def like(d, device):
+        return SimpleNamespace(dtype=torch.float32, shape=(1, 1, 1, d), device=torch.device(device))
+
+    assert FLEX_CUDA_MIN_HEAD_DIM == 16
+    with pytest.raises(ValueError, match=r"backend='flex' on cuda needs head dim D >= 16 "
+                                         r"\(q.shape\[-1\]\), got D=8"):
+        _candidates(like(8, "cuda"), "flex")
+    assert "flex" not in _candidates(like(8, "cuda"), "auto")
+    assert "flex" in _candidates(like(16, "cuda"), "flex")
+    assert "flex" in _candidates(like(8, "cpu"), "flex")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("backend", ["flex", "auto"])
 def test_cuda_backends_match_reference(backend, dtype):
+    """``flex`` runs the D=8 case at D=16, the smallest head dim its CUDA kernels take."""
     for case in CASES[1:]:
         b, h, p, lq, lk, d = case
         if d not in (8, 16, 32):
             continue
-        ins = [t.detach().cuda().requires_grad_(True) for t in _inputs(case, dtype)]
+        if backend == "flex":
+            d = max(d, 16)
+        ins = [t.detach().cuda().requires_grad_(True)
+               for t in _inputs((b, h, p, lq, lk, d), dtype)]
         out = kernels.prefix_attention(*ins, backend=backend)
         want = reference.prefix_attention(*ins)
         torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
@@ -87,3 +111,12 @@ def test_cuda_backends_match_reference(backend, dtype):
         for got, exp in zip(torch.autograd.grad(out, ins, grad_out),
                             torch.autograd.grad(want, ins, grad_out), strict=True):
             torch.testing.assert_close(got, exp, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.gpu
+def test_cuda_flex_rejects_small_head_dims():
+    ins = [t.detach().cuda() for t in _inputs((3, 2, 0, 5, 5, 8), torch.float32)]
+    with pytest.raises(ValueError, match="D >= 16"):
+        kernels.prefix_attention(*ins, backend="flex")
+    torch.testing.assert_close(kernels.prefix_attention(*ins, backend="auto"),
+                               reference.prefix_attention(*ins), rtol=2e-2, atol=2e-2)
