@@ -354,3 +354,35 @@ def test_key_embedding_is_compositional():
     assert torch.allclose(embed(both), embed(forward) + embed(yaw_right))
     assert model.keys_of_action[PROMPT_ACTION].tolist() == [0.0] * 8 + [1.0]
     assert model.keys_of_action[0].sum() == 0
+
+
+def test_motion_latents_condition_the_clip_and_match_between_paths():
+    """A motion_latent model: the latents change the prediction, the teacher-forced and the
+    cached paths agree with them, and missing or unexpected latents are clear errors."""
+    cfg = dataclasses.replace(CFG, prediction="warp", reference_frame=True, motion_latent=True)
+    model = _model(cfg)
+    frames, _ = _history(2)
+    g = torch.Generator().manual_seed(5)
+    actions = torch.randint(0, 81, (1, 4), generator=g)
+    x_t = torch.randn(1, 4, 3, 16, 16, generator=g, dtype=torch.float64)
+    sigma = torch.rand(1, 2, generator=g, dtype=torch.float64)
+    motion = torch.randn(1, 2, 3, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        tf = model.teacher_forced_velocity(frames, actions, x_t, sigma, context_sigma=0.02,
+                                           motion=motion)
+        hist = torch.cat([torch.zeros(1, 1, dtype=torch.long), actions], dim=1)
+        for j in range(2):
+            cache = model.extend_cache(model.empty_cache(), frames[:, :1 + 2 * j],
+                                       hist[:, :1 + 2 * j], sigma=0.02)
+            clip = slice(2 * j, 2 * j + 2)
+            want = model.velocity(x_t[:, clip], sigma[:, j], actions[:, clip], cache,
+                                  motion=motion[:, j])
+            torch.testing.assert_close(tf[:, clip], want, rtol=1e-9, atol=1e-9)
+            other = model.velocity(x_t[:, clip], sigma[:, j], actions[:, clip], cache,
+                                   motion=motion[:, j] + 1.0)
+            assert not torch.allclose(other, want)
+        with pytest.raises(ValueError, match=r"motion latents of shape \[1, 3\]"):
+            model.velocity(x_t[:, :2], sigma[:, 0], actions[:, :2], cache)
+        with pytest.raises(ValueError, match="without model.motion_latent"):
+            _model().velocity(x_t[:, :2], sigma[:, 0], actions[:, :2],
+                              _model().empty_cache(), motion=motion[:, 0])

@@ -293,14 +293,16 @@ class TinyWorldDiT(nn.Module):
     def _conditioning(self, sigma: Tensor, actions: Tensor, motion: Tensor | None = None
                       ) -> Tensor:
         """``sigma`` ``[B]`` or ``[B, F]``, ``actions`` ``[B, F]``, ``motion`` latents
-        ``[B, F, 3]`` (models with ``motion_latent``; ``None``: zeros) -> condition
-        ``[B, F, D]``."""
+        ``[B, F, 3]`` (models with ``motion_latent``; ``None``: zeros, as for clean history
+        frames) -> condition ``[B, F, D]``."""
         b, f = actions.shape
         per_frame = sigma.reshape(b, -1).expand(b, f).reshape(-1)
         t = self.sigma_mlp(sigma_embedding(per_frame)).reshape(b, f, -1)
         keys = self.keys_of_action[actions].to(self.key_embed.weight.dtype)
         cond = t + self.key_embed(keys)
-        if motion is not None:
+        if self.cfg.motion_latent:  # clean history frames: zero latents
+            if motion is None:
+                motion = cond.new_zeros(b, f, LATENTS)
             cond = cond + self.motion_embed(motion.to(self.motion_embed.weight.dtype))
         return cond
 
