@@ -6,8 +6,9 @@ For ``--groups`` held-out world prompts and commands of each kind (one key, two 
 model rolls out ``G`` candidates of clip 2 over one shared generated history, exactly as an RL
 iteration does (``cpu`` preset sampler); the reward estimator reads their per-frame camera
 motion. Prints, per kind, the mean ``motion_spread`` (within-group standard deviation of the
-motion over the estimator's error on ground-truth renders; above 1 means the candidates really
-move differently) and the mean IF with its within-group standard deviation.
+motion along the commanded directions over the estimator's error there on ground-truth
+renders; above 1 means the candidates really move differently) and the mean IF with its
+within-group standard deviation.
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ from wc_fast.actions import split_action
 from wc_fast.config import preset
 from wc_fast.eval import load_checkpoint_model
 from wc_fast.rewards import interaction_score, load_estimator
-from wc_fast.rewards.exploration import camera_motion, estimator_motion_error, motion_spread
+from wc_fast.rewards.exploration import (
+    camera_motion,
+    commanded_directions,
+    estimator_motion_error,
+    motion_spread,
+)
 from wc_fast.rewards.scoring import camera_poses
 from wc_fast.rollout import rollout_clip_level
 from wc_fast.runtime import generator
@@ -43,7 +49,7 @@ def measure(checkpoint: str | None, *, groups: int, group_size: int = 8) -> dict
                           capture="eager")
     estimator = load_estimator("reward")
     error = estimator_motion_error(estimator)
-    out: dict = {"estimator_error_steps": error, "group_size": group_size}
+    out: dict = {"estimator_error_steps": error.tolist(), "group_size": group_size}
     for k, (kind, (fraction, keys)) in enumerate(KINDS.items()):
         data = sample_sequences(groups, num_clips=2, seed=SEED + k, composite_fraction=fraction,
                                 composite_keys=keys)
@@ -57,7 +63,8 @@ def measure(checkpoint: str | None, *, groups: int, group_size: int = 8) -> dict
             score = interaction_score(c2w.double(), trans, rot,
                                       trans_thresholds=cfg.reward.trans_thresholds,
                                       rot_threshold_deg=cfg.reward.rot_threshold_deg)
-            spreads.append(motion_spread(camera_motion(c2w), error))
+            spreads.append(motion_spread(camera_motion(c2w), error,
+                                         commanded_directions(rollout.clip_actions)))
             ifs.append(float(score.mean()))
             if_stds.append(float(score.std()))
         out[kind] = {"motion_spread": statistics.mean(spreads), "if_mean": statistics.mean(ifs),

@@ -223,8 +223,10 @@ def _cpu() -> Config:
     cfg.model.patch = 8
     cfg.model.depth = 4
     cfg.model.prediction = "warp"
-    # the shipped base model: 3835 steps (4.5 min on an H200), no key combinations at all
-    cfg.pretrain.steps = 3835
+    cfg.model.motion_latent = True
+    # the shipped base model (docs/base_model.md): 3835 steps without motion latents (4.5 min
+    # on an H200), then 1500 with them from those weights; no key combinations at all
+    cfg.pretrain.steps = 1500
     cfg.pretrain.composite_fraction = 0.0
     cfg.rollout.group_size = 8
     # two groups per update: the per-update costs (Muon and AdamW steps, EMA, about 55 ms on

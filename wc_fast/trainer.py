@@ -32,7 +32,12 @@ from wc_fast.models.motion_latent import with_latents
 from wc_fast.nft import optimality, select_extremes
 from wc_fast.optim import build_optimizers
 from wc_fast.rewards import interaction_score, load_critic, load_estimator, vq_scores
-from wc_fast.rewards.exploration import camera_motion, estimator_motion_error, motion_spread
+from wc_fast.rewards.exploration import (
+    camera_motion,
+    commanded_directions,
+    estimator_motion_error,
+    motion_spread,
+)
 from wc_fast.rewards.scoring import camera_poses
 from wc_fast.rollout import GroupRollout, rollout_clip_level, rollout_sample_level
 from wc_fast.runtime import compile_unavailable, generator, stream_seed
@@ -141,7 +146,8 @@ class Trainer:
                                           trans_thresholds=rw.trans_thresholds,
                                           rot_threshold_deg=rw.rot_threshold_deg))
             s_vq.append(vq_scores(self.critic, frames, stride=rw.vq_stride, mode=rw.vq_mode))
-            spread.append(motion_spread(camera_motion(c2w.cpu()), self.estimator_error))
+            spread.append(motion_spread(camera_motion(c2w.cpu()), self.estimator_error,
+                                        commanded_directions(group.clip_actions.cpu())))
         return torch.stack(s_if).float(), torch.stack(s_vq).float(), spread
 
     def rewards(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor, dict[str, float]]:
@@ -156,7 +162,8 @@ class Trainer:
         by_kind: dict[str, list[float]] = {}
         for group, value in zip(groups, spread, strict=True):
             kind = "composite" if bool(is_composite(group.clip_actions[0])) else "basic"
-            by_kind.setdefault(kind, []).append(value)
+            if value == value:  # NaN: a command that moves nothing
+                by_kind.setdefault(kind, []).append(value)
         return s_if, s_vq, {k: sum(v) / len(v) for k, v in by_kind.items()}
 
     def advantages(self, s_if: Tensor, s_vq: Tensor) -> tuple[Tensor, Tensor]:
