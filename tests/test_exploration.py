@@ -12,6 +12,7 @@ from wc_fast.rewards.exploration import (
     commanded_directions,
     estimator_motion_error,
     motion_spread,
+    soft_interaction_score,
 )
 from wc_fast.world.motion import ROTATION_STEP_DEG, TRANSLATION_STEP, action_deltas, chain
 
@@ -61,3 +62,22 @@ def test_estimator_error_is_zero_for_exact_poses_and_small_for_the_shipped_one()
     assert estimator_motion_error(Exact(data), clips=8).abs().max() < 1e-5
     error = estimator_motion_error(load_estimator("reward"), clips=16)
     assert error.shape == (4,) and bool(((error > 0) & (error < 0.2)).all())
+
+
+def test_soft_if_ranks_near_misses_above_clear_misses_and_agrees_with_labels():
+    ids = torch.tensor([[10, 10, 10, 10]])  # forward + yaw right
+    start = torch.eye(4, dtype=torch.float64)[None]
+
+    def soft(ids_cmd, speed, moved_ids=ids):
+        delta = action_deltas(moved_ids, translation_step=TRANSLATION_STEP * speed,
+                              rotation_step_deg=ROTATION_STEP_DEG * speed)
+        return float(soft_interaction_score(chain(start, delta), ids_cmd, trans_threshold=0.08,
+                                            rot_threshold_deg=2.0)[0])
+
+    full, half, near, none = soft(ids, 1.0), soft(ids, 0.5), soft(ids, 0.2), soft(ids, 0.0)
+    assert full > 0.95 and full > half > near > none
+    assert none == pytest.approx(0.5)  # two commanded directions missed, two kept still
+    wrong = soft(ids, 1.0, moved_ids=torch.tensor([[29, 29, 29, 29]]))  # right + yaw left
+    assert wrong < 0.3  # only pitch (neither commanded nor moved) is right
+    with pytest.raises(ValueError):
+        motion_spread(torch.zeros(2, 4, 4), torch.ones(3), torch.ones(4, dtype=torch.bool))

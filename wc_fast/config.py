@@ -81,12 +81,18 @@ class RolloutConfig:
 
 @dataclass(slots=True)
 class RewardConfig:
-    """IF and VQ rewards and how they become advantages."""
+    """IF and VQ rewards and how they become advantages.
+
+    ``if_kind``: ``label`` is the paper's IF (label accuracy, best translation threshold);
+    ``soft`` its smooth version (:func:`wc_fast.rewards.exploration.soft_interaction_score`,
+    at the smallest translation threshold), which ranks near misses above clear misses.
+    """
 
     lam: float = 2.0 / 3.0
     Z: float = 2.0
     std: str = "group"
     kind: str = "both"
+    if_kind: str = "label"
     rot_threshold_deg: float = 1.0
     trans_thresholds: tuple[float, ...] = (0.01, 0.02, 0.03, 0.04, 0.05)
     vq_stride: int = 4
@@ -407,6 +413,7 @@ def validate(cfg: Config) -> None:
     _require(rw.Z > 0, "reward.Z", "> 0", rw.Z)
     _choices("reward.std", rw.std, ("group", "global"))
     _choices("reward.kind", rw.kind, ("both", "if", "vq"))
+    _choices("reward.if_kind", rw.if_kind, ("label", "soft"))
     _require(rw.rot_threshold_deg >= 0, "reward.rot_threshold_deg", ">= 0",
              rw.rot_threshold_deg)
     _require(len(rw.trans_thresholds) >= 1 and all(t >= 0 for t in rw.trans_thresholds),

@@ -37,6 +37,7 @@ from wc_fast.rewards.exploration import (
     commanded_directions,
     estimator_motion_error,
     motion_spread,
+    soft_interaction_score,
 )
 from wc_fast.rewards.scoring import camera_poses
 from wc_fast.rollout import GroupRollout, rollout_clip_level, rollout_sample_level
@@ -141,10 +142,15 @@ class Trainer:
         for group in groups:
             frames = group.reward_frames()
             c2w = camera_poses(self.estimator, frames)
-            trans_gt, rot_gt = split_action(group.clip_actions.to(c2w.device))
-            s_if.append(interaction_score(c2w, trans_gt, rot_gt,
-                                          trans_thresholds=rw.trans_thresholds,
-                                          rot_threshold_deg=rw.rot_threshold_deg))
+            if rw.if_kind == "soft":
+                s_if.append(soft_interaction_score(
+                    c2w.double(), group.clip_actions, trans_threshold=min(rw.trans_thresholds),
+                    rot_threshold_deg=rw.rot_threshold_deg))
+            else:
+                trans_gt, rot_gt = split_action(group.clip_actions.to(c2w.device))
+                s_if.append(interaction_score(c2w, trans_gt, rot_gt,
+                                              trans_thresholds=rw.trans_thresholds,
+                                              rot_threshold_deg=rw.rot_threshold_deg))
             s_vq.append(vq_scores(self.critic, frames, stride=rw.vq_stride, mode=rw.vq_mode))
             spread.append(motion_spread(camera_motion(c2w.cpu()), self.estimator_error,
                                         commanded_directions(group.clip_actions.cpu())))

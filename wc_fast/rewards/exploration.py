@@ -18,7 +18,7 @@ from torch import Tensor
 from wc_fast.rewards.estimators import CameraEstimator, delta_to_params
 from wc_fast.rewards.interaction import relative_motion
 from wc_fast.world import batch_seed, sample_clips
-from wc_fast.world.motion import action_components
+from wc_fast.world.motion import ROTATION_STEP_DEG, TRANSLATION_STEP, action_components
 
 MOVED = (0, 2, 3, 4)  # tx, tz, yaw, pitch: the pose parameters actions move
 ERROR_DATA_SEED = 9100  # ground-truth clips for the estimator's error (no training stream)
@@ -71,3 +71,26 @@ def motion_spread(motion: Tensor, error: Tensor, directions: Tensor) -> float:
         return float("nan")
     per_direction = motion.double().std(dim=0).mean(dim=0) / error
     return float(per_direction[directions].mean())
+
+
+def soft_interaction_score(c2w: Tensor, actions: Tensor, *, trans_threshold: float,
+                           rot_threshold_deg: float, width: float = 0.1) -> Tensor:
+    """A smooth IF: per frame and direction (x, z translation, yaw, pitch), the probability-like
+    score that the label rules would call it right, ``sigmoid((d * m - thr) / width)`` along a
+    commanded direction ``d`` (moved far enough the right way) and ``sigmoid((thr - |m|) /
+    width)`` along the others (did not move), averaged. ``m`` is the estimated motion in units
+    of the largest step, ``thr`` the label threshold in those units. c2w ``[n, F+1, 4, 4]``,
+    actions ``[n, F]`` or ``[F]`` -> ``[n]``.
+
+    Unlike the label IF, a candidate that almost turned scores above one that did not turn
+    at all, so a group's candidates are ranked by how close they came.
+    """
+    motion = camera_motion(c2w)
+    t_dir, r_dir = action_components(torch.as_tensor(actions).to(c2w.device),
+                                     translation_step=1.0, rotation_step_deg=1.0)
+    direction = torch.cat([t_dir[..., [0, 2]], r_dir], dim=-1).sign()
+    thr = motion.new_tensor([trans_threshold / TRANSLATION_STEP] * 2
+                            + [rot_threshold_deg / ROTATION_STEP_DEG] * 2)
+    moved = torch.sigmoid((direction * motion - thr) / width)
+    still = torch.sigmoid((thr - motion.abs()) / width)
+    return torch.where(direction != 0, moved, still).mean(dim=(-2, -1))
