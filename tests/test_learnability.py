@@ -1,9 +1,10 @@
 """RL raises action following: a few fixed groups of the embedded world, IF reward only.
 
 The shipped base model, two fixed two-key commands from fixed world prompts, the cpu preset's
-sampler and loss at a short, fast size. The IF of the groups (mean over held-out noises, the
-reward estimator) must rise under training, and must not rise when the optimality is flipped
-(positives and negatives swapped): the test fails if the update's sign is wrong.
+sampler and loss at a short, fast size (soft IF reward, learning rate 3e-4). The label IF of
+the groups (mean over held-out noises, the reward estimator) must rise under training, and
+must fall when the optimality is flipped (positives and negatives swapped): the test fails if
+the update's sign is wrong.
 """
 
 import pytest
@@ -18,18 +19,19 @@ from wc_fast.trainer import Trainer
 from wc_fast.world import sample_sequences
 
 pytestmark = pytest.mark.slow
-STEPS = 40
+STEPS = {False: 120, True: 40}  # the flipped update degrades IF quickly
 
 
-def _config():
+def _config(steps: int):
     cfg = preset("cpu")
     cfg.reward.kind = "if"
+    cfg.reward.if_kind = "soft"
     cfg.rollout.num_clips = 1  # clip 1 only: no history to generate
     cfg.rollout.steps = 6
     cfg.rollout.group_size = 8
     cfg.nft.compile = False
-    cfg.optim.lr = 1e-4
-    cfg.train.steps = STEPS
+    cfg.optim.lr = 3e-4
+    cfg.train.steps = steps
     return cfg
 
 
@@ -71,15 +73,16 @@ class FlippedTrainer(Trainer):
 @pytest.mark.parametrize("flipped", [False, True])
 def test_training_raises_the_if_of_fixed_groups(monkeypatch, flipped):
     monkeypatch.setattr("wc_fast.trainer.group_prompt", _fixed_prompt)
-    cfg = _config()
+    cfg = _config(STEPS[flipped])
     torch.manual_seed(0)
     model = load_world_model(BASE_WEIGHTS)
     trainer = (FlippedTrainer if flipped else Trainer)(cfg, model, torch.device("cpu"))
     before = _held_out_if(trainer)
-    for step in range(STEPS):
+    for step in range(cfg.train.steps):
         trainer.iteration(step)
     after = _held_out_if(trainer)
+    # measured: 0.754 -> 0.812 trained, 0.754 -> 0.688 flipped
     if flipped:
-        assert after <= before + 0.02, (before, after)
+        assert after <= before - 0.02, (before, after)
     else:
-        assert after >= before + 0.05, (before, after)
+        assert after >= before + 0.03, (before, after)
