@@ -109,6 +109,8 @@ def write_doc(doc: Path, results: dict, command: str, settings: dict) -> None:
     trained = results.get("full", [])
     for kind in KINDS:
         for horizon in ("short", "medium", "long", "accuracy"):
+            if horizon != "accuracy" and horizon not in base["eval"][kind]:
+                continue  # too few clips for this horizon
             name = "all" if horizon == "accuracy" else horizon
 
             def value(r, kind=kind, horizon=horizon):
