@@ -40,3 +40,37 @@ def test_reward_agreement_reports_a_pair_fraction_and_a_correlation(capsys):
     fraction = float(out.split("ordered alike: ")[1].split(" = ")[1].split()[0])
     assert 0.0 <= fraction <= 1.0
     assert "correlation of reward IF and evaluation IF" in out
+
+
+def _study_result(two_key: float, vq: float, motion: float) -> dict:
+    block = {"accuracy": two_key, "vq": vq, "short": {"accuracy": two_key},
+             "medium": {"accuracy": two_key}, "long": {"accuracy": two_key}}
+    return {"eval": {k: dict(block) for k in ("basic", "composite", "composite_2key")},
+            "motion": motion, "spread": {"basic": 1.0, "composite_2key": 2.0}}
+
+
+def test_replicate_writes_both_tables_and_checks_the_orderings(tmp_path):
+    replicate = _load("replicate")
+    results = {"base": [_study_result(0.40, 1.0, 0.8)],
+               "full": [_study_result(0.50, 1.5, 0.8), _study_result(0.60, 1.7, 0.8)],
+               "sample": [_study_result(0.40, 1.0, 0.8)],
+               "if_only": [_study_result(0.55, 0.5, 0.9)],
+               "vq_only": [_study_result(0.30, 2.0, 0.5)],
+               "sde": [_study_result(0.45, 1.2, 0.8)]}
+    doc = tmp_path / "replication.md"
+    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    text = doc.read_text()
+    assert "| composite_2key | all | 0.400 | 0.550 +/- 0.071 |" in text
+    assert "| same-noise SDE exploration | 1 | 0.450 |" in text
+    assert text.count(": **yes**") == 4  # every ordering of the paper holds in this made-up set
+    results["sde"] = [_study_result(0.70, 1.2, 0.8)]
+    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    assert "gains less two-key accuracy than full: **no**" in doc.read_text()
+
+
+def test_motion_spread_measures_each_kind(tmp_path):
+    result = _load("motion_spread").measure(None, groups=1, group_size=2)
+    for kind in ("basic", "composite_2key"):
+        assert result[kind]["groups"] == 1 and 0.0 <= result[kind]["if_mean"] <= 1.0
+        assert result[kind]["motion_spread"] >= 0.0
+    assert len(result["estimator_error_steps"]) == 4
