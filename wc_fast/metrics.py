@@ -39,7 +39,8 @@ def _running_mean(values: list[float], window: int) -> list[float]:
 
 
 def plot_rewards(rows: list[dict], path: str | Path) -> Path | None:
-    """Reward curves like the WorldCompass paper's Figure 2: IF and VQ per iteration."""
+    """Reward curves like the WorldCompass paper's Figure 2: IF and VQ per iteration, the loss,
+    and the motion spread of basic and composite groups."""
     if not rows:
         return None
     import matplotlib
@@ -48,14 +49,26 @@ def plot_rewards(rows: list[dict], path: str | Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     steps = [r["step"] for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
-    for ax, key, title in zip(axes, ("if_mean", "vq_mean", "loss"),
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.2))
+    for ax, key, title in zip(axes[:3], ("if_mean", "vq_mean", "loss"),
                               ("interaction following (IF)", "visual quality (VQ)", "NFT loss"),
                               strict=True):
         values = [r[key] for r in rows]
         ax.plot(steps, values, color="0.75", linewidth=1)
         ax.plot(steps, _running_mean(values, max(1, len(values) // 10)), linewidth=2)
         ax.set_title(title)
+    for kind in ("basic", "composite"):  # groups of that kind only, where present
+        points = [(r["step"], r[f"motion_spread_{kind}"]) for r in rows
+                  if f"motion_spread_{kind}" in r]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            axes[3].plot(xs, _running_mean(list(ys), max(1, len(ys) // 10)), linewidth=2,
+                         label=kind)
+    axes[3].axhline(1.0, color="0.5", linestyle="--", linewidth=1)
+    axes[3].set_title("motion spread (estimator-error units)")
+    if axes[3].lines[1:]:
+        axes[3].legend()
+    for ax in axes:
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
     fig.tight_layout()
