@@ -71,10 +71,13 @@ def test_two_gloo_ranks_equal_one_process_over_the_same_groups(tmp_path, mode):
                                             "--rollout.groups_per_rank", "1",
                                             "--train.distributed", mode]),
              nprocs=2, join=True)
-    _assert_same(_final_weights(one), _final_weights(two), atol=1e-5)
+    # the ranks' gradient sum rounds differently from one process's accumulation (fp32); Muon's
+    # bf16 Newton-Schulz can turn that into a bf16 rounding flip of a zero-initialised
+    # modulation weight's update: measured up to 1.1e-5 (a logic error is 1e-3 or more)
+    _assert_same(_final_weights(one), _final_weights(two), atol=5e-5)
     if mode == "fsdp2":
         saved = load_file(checkpoint.latest(two) / "old.safetensors")
-        _assert_same(load_file(checkpoint.latest(one) / "old.safetensors"), saved, atol=1e-5)
+        _assert_same(load_file(checkpoint.latest(one) / "old.safetensors"), saved, atol=5e-5)
 
 
 def test_fsdp2_run_resumes_exactly(tmp_path):

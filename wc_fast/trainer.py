@@ -182,13 +182,15 @@ class Trainer:
               ) -> tuple[float, int, float]:
         """NFT updates on the kept candidates; returns (mean loss, skipped groups, FLOPs)."""
         nf, c = self.cfg.nft, self.cfg
-        gen = generator(c.train.seed, step, "select")
-        kept = select_extremes(adv, nf.keep, generator=gen)
+        # ties at the cut broken at random, per global group (any rank layout draws the same)
+        kept = torch.cat([select_extremes(adv[b:b + 1], nf.keep,
+                                          generator=generator(c.train.seed, step, gid, "select"))
+                          for b, gid in enumerate(self.group_ids())])
         flat = (adv == 0).all(dim=1)
         k_sig = math.ceil(nf.timestep_fraction * len(self.sigmas))
         # kept positions in a random order before they are split into updates, so each update
         # sees positives and negatives (in kept order the first saw only the best)
-        order = torch.randperm(2 * nf.keep, generator=gen)
+        order = torch.randperm(2 * nf.keep, generator=generator(c.train.seed, step, "order"))
         chunks = order.tensor_split(c.optim.updates_per_iteration)
         losses, flops = [], 0.0
         for chunk in chunks:
