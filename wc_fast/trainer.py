@@ -168,7 +168,7 @@ class Trainer:
         by_kind: dict[str, list[float]] = {}
         for group, value in zip(groups, spread, strict=True):
             kind = "composite" if bool(is_composite(group.clip_actions[0])) else "basic"
-            if value == value:  # NaN: a command that moves nothing
+            if not math.isnan(value):  # NaN: a command that moves nothing
                 by_kind.setdefault(kind, []).append(value)
         return s_if, s_vq, {k: sum(v) / len(v) for k, v in by_kind.items()}
 
