@@ -1,19 +1,9 @@
 """ShardedMuon on FSDP2-style sharded matrices equals GroupedMuon on the whole matrices."""
 
-import os
-import socket
-
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo_ranks import spawn_ranks
 
 from wc_fast.optim import GroupedMuon
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 SHAPES = [(97, 33), (97, 33), (40, 33)]  # a batched pair and a lone matrix
@@ -33,10 +23,7 @@ def _starts() -> list[torch.Tensor]:
     return [torch.randn(*shape, generator=gen) for shape in SHAPES]
 
 
-def _rank(rank: int, port: int, out: str) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _rank(rank: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -53,12 +40,11 @@ def _rank(rank: int, port: int, out: str) -> None:
     momentum = [opt.state[p]["momentum_buffer"].full_tensor() for p in params]
     if rank == 0:
         torch.save({"params": result, "momentum": momentum}, out)
-    dist.destroy_process_group()
 
 
 def test_sharded_muon_equals_grouped_muon_on_the_whole_matrices(tmp_path):
     out = str(tmp_path / "sharded.pt")
-    mp.spawn(_rank, args=(_free_port(), out), nprocs=2, join=True)
+    spawn_ranks(_rank, (out,), tmp_path)
     sharded = torch.load(out)
     params = [torch.nn.Parameter(t) for t in _starts()]
     opt = GroupedMuon(params, lr=0.05, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")

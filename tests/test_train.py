@@ -1,12 +1,10 @@
 """The RL driver on the smoke preset: outputs, exact resume, ranks, and bad input."""
 
-import os
 import shutil
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from gloo_ranks import spawn_ranks
 from safetensors.torch import load_file
 
 from wc_fast import checkpoint
@@ -49,17 +47,8 @@ def test_resume_continues_exactly(tmp_path):
     assert [int(r.split('"step": ')[1].split(",")[0]) for r in rows] == [1, 2, 3]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _rank(rank: int, world: int, port: int, args: list[str]) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank)})
-    torch.set_num_threads(1)
-    main(args)
+def _rank(rank: int, args: list[str]) -> None:
+    assert main(args) == 0
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
@@ -67,10 +56,8 @@ def test_two_gloo_ranks_equal_one_process_over_the_same_groups(tmp_path, mode):
     common = [*SMOKE, "--steps", "2", "--reward.std", "global"]
     one, two = tmp_path / "one", tmp_path / "two"
     assert main([*common, "--out", str(one), "--rollout.groups_per_rank", "2"]) == 0
-    mp.spawn(_rank, args=(2, _free_port(), [*common, "--out", str(two),
-                                            "--rollout.groups_per_rank", "1",
-                                            "--train.distributed", mode]),
-             nprocs=2, join=True)
+    spawn_ranks(_rank, ([*common, "--out", str(two), "--rollout.groups_per_rank", "1",
+                         "--train.distributed", mode],), tmp_path)
     # the ranks' gradient sum rounds differently from one process's accumulation (fp32); Muon's
     # bf16 Newton-Schulz can turn that into a bf16 rounding flip of a zero-initialised
     # modulation weight's update: measured up to 1.1e-5 (a logic error is 1e-3 or more)
@@ -83,10 +70,10 @@ def test_two_gloo_ranks_equal_one_process_over_the_same_groups(tmp_path, mode):
 def test_fsdp2_run_resumes_exactly(tmp_path):
     args = [*SMOKE, "--steps", "3", "--out", str(tmp_path), "--train.keep_last", "3",
             "--train.distributed", "fsdp2"]
-    mp.spawn(_rank, args=(2, _free_port(), args), nprocs=2, join=True)
+    spawn_ranks(_rank, (args,), tmp_path)
     uninterrupted = _final_weights(tmp_path)
     shutil.rmtree(checkpoint.latest(tmp_path))
-    mp.spawn(_rank, args=(2, _free_port(), [*args, "--resume"]), nprocs=2, join=True)
+    spawn_ranks(_rank, ([*args, "--resume"],), tmp_path)
     _assert_same(uninterrupted, _final_weights(tmp_path))
 
 

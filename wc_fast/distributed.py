@@ -46,7 +46,13 @@ def init_from_env(device_kind: str) -> DistInfo:
 
 
 def shutdown(info: DistInfo) -> None:
+    """Leave the process group once every rank is done with it.
+
+    The barrier matters: a gloo rank that destroys its group while a peer's last collective is
+    still in flight can abort at exit ("terminate called without an active exception").
+    """
     if info.world_size > 1 and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
