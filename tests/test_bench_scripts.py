@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -37,9 +38,37 @@ def test_reward_agreement_reports_a_pair_fraction_and_a_correlation(capsys):
     assert _load("reward_agreement").main(["--preset", "smoke", "--groups", "2",
                                            "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    fraction = float(out.split("ordered alike: ")[1].split(" = ")[1].split()[0])
-    assert 0.0 <= fraction <= 1.0
-    assert "correlation of reward IF and evaluation IF" in out
+    for reader in ("reward", "mirrored"):
+        line = next(row for row in out.splitlines() if row.startswith(f"{reader} IF vs"))
+        fraction = float(line.split(" = ")[1].split()[0])
+        assert 0.0 <= fraction <= 1.0
+        assert -1.0 <= float(line.split("candidates ")[1].split(";")[0]) <= 1.0
+
+
+def test_reward_agreement_counts_pairs_ordered_alike():
+    agreement = _load("reward_agreement").agreement
+    a = [torch.tensor([0.0, 1.0, 2.0]), torch.tensor([1.0, 1.0, 0.0])]
+    b = [torch.tensor([0.0, 2.0, 1.0]), torch.tensor([0.0, 1.0, 0.5])]
+    # group 1: pairs (0,1) (0,2) alike, (1,2) opposite; group 2: (0,1) tied in a (not
+    # counted), (0,2) opposite, (1,2) alike
+    same, pairs, _, _, _ = agreement(a, b)
+    assert (same, pairs) == (3, 5)
+
+
+def test_mirrored_estimator_reads_a_yaw_right_back_as_yaw_right():
+    from wc_fast.world.motion import action_deltas
+    motion = action_deltas(torch.tensor([1 * 9 + 1]))[0]  # forward + yaw right
+    frames = torch.randn(1, 2, 3, 8, 8)
+    seen = []
+
+    def estimator(x):  # reads the mirrored clip as a faithful estimator would: yaw left
+        seen.append(x)
+        yaw_left = action_deltas(torch.tensor([1 * 9 + 2]))[0]
+        return torch.stack([torch.eye(4, dtype=torch.float64), yaw_left])[None]
+
+    c2w = _load("reward_agreement").Mirrored(estimator)(frames)
+    torch.testing.assert_close(seen[0], frames.flip(-1))
+    torch.testing.assert_close(c2w[0, 1], motion)
 
 
 def _study_result(two_key: float, vq: float, motion: float) -> dict:
