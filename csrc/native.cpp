@@ -1,7 +1,7 @@
 // Native CPU kernels of the fused ops, the extension module `kernels._native`:
 //   nft_loss_fwd(v_theta, v_old, v_target, r, sigma_or_None, beta, x0) -> (loss [B], grad [B, D])
 //   flow_noise(x0 [S, D], sigmas [S, K], noise [S*K, D]) -> (x_t, v_target) [S*K, D]
-// The math is DESIGN.md section 7 and kernels/reference.py; this file holds the argument
+// The math is docs/design.md section 7 and kernels/reference.py; this file holds the argument
 // checks, the work split over threads and the pybind11 bindings. The vectorized inner loops
 // are in simd_kernels.h, compiled here once per instruction set (see "Instruction sets").
 

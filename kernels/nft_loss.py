@@ -55,7 +55,7 @@ def nft_loss(
     backend: str = "auto",
     check_values: bool = True,
 ) -> Tensor:
-    """Negative-aware flow-matching loss (DESIGN section 7).
+    """Negative-aware flow-matching loss (docs/design.md section 7).
 
     ``v_theta`` (current model, gets the gradient), ``v_old`` (old model), ``v_target``
     (``eps - x0``): ``[B, ...]`` of one dtype (fp16, bf16, fp32; fp64 for gradcheck).

@@ -30,7 +30,7 @@ def nft_loss(
     sigma: Tensor | None = None,
     space: str = "velocity",
 ) -> Tensor:
-    """Per-sample negative-aware flow-matching loss ``[B]`` (DESIGN section 7).
+    """Per-sample negative-aware flow-matching loss ``[B]`` (docs/design.md section 7).
 
     ``v_theta``, ``v_old``, ``v_target``: ``[B, ...]``; ``r``, ``sigma``: ``[B]``.
     ``v+ = (1-beta) v_old + beta v_theta`` is pulled toward ``v_target`` with weight ``r`` and

@@ -1,4 +1,4 @@
-"""Presets reproduce DESIGN section 4; impossible values raise naming the field."""
+"""Presets reproduce docs/design.md section 4; impossible values raise naming the field."""
 
 import json
 

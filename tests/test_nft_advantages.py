@@ -1,4 +1,4 @@
-"""Advantages, optimality and selection against hand-computed values (DESIGN section 4)."""
+"""Advantages, optimality and selection against hand-computed values (docs/design.md section 4)."""
 
 import statistics
 

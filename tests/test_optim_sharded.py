@@ -5,7 +5,6 @@ from gloo_ranks import spawn_ranks
 
 from wc_fast.optim import GroupedMuon
 
-
 SHAPES = [(97, 33), (97, 33), (40, 33)]  # a batched pair and a lone matrix
 
 

@@ -1,4 +1,4 @@
-"""Pose -> label rules of DESIGN section 5, the label coding and the IF score."""
+"""Pose -> label rules of docs/design.md section 5, the label coding and the IF score."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""The sampler schedule equals diffusers' FlowMatchEulerDiscreteScheduler (DESIGN section 3)."""
+"""The sampler schedule equals diffusers' FlowMatchEulerDiscreteScheduler (docs/design.md
+section 3)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Action label coding of DESIGN section 5 (the official WorldCompass coding).
+"""Action label coding of docs/design.md section 5 (the official WorldCompass coding).
 
 A frame's command is a translation label and a rotation label, each in 0..8:
 0 none, 1..4 one primitive, 5..8 two primitives. Translation primitives (bits) are

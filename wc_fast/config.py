@@ -1,8 +1,8 @@
 """Run configuration: slotted dataclasses, named presets and validation.
 
-Presets: ``paper`` and ``official`` reproduce the two columns of DESIGN section 4 (the paper and
-the official WorldCompass code); ``cpu`` and ``smoke`` are sized for a 2-core machine with the
-embedded world model. Any field can be overridden by name, ``section.field`` (see
+Presets: ``paper`` and ``official`` reproduce the two columns of docs/design.md section 4
+(the paper and the official WorldCompass code); ``cpu`` and ``smoke`` are sized for a 2-core
+machine with the embedded world model. Any field can be overridden by name, ``section.field`` (see
 :func:`apply_override`), and every value is checked by :func:`validate`.
 """
 

@@ -1,4 +1,4 @@
-"""Group advantages, optimality and candidate selection (DESIGN section 4, steps 4-5)."""
+"""Group advantages, optimality and candidate selection (docs/design.md section 4, steps 4-5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Flow-matching sampler for G candidate clips sharing one history (DESIGN sections 3, 4, 9).
+"""Flow-matching sampler for G candidate clips sharing one history (docs/design.md sections
+3, 4 and 9).
 
 The deterministic Euler ODE ``x <- x + (s_{i+1} - s_i) v`` over :func:`sigma_schedule` starts
 each candidate from its own initial noise (WorldCompass exploration). The ``sde`` variant

@@ -1,4 +1,4 @@
-"""One WorldCompass RL iteration (DESIGN section 4), the state it needs, and its metrics.
+"""One WorldCompass RL iteration (docs/design.md section 4), the state it needs, and its metrics.
 
 Per iteration ``k``: target clip ``n = k mod N + 1``; for each group (world prompt + action
 sequence) the old model rolls out ``G`` candidates of clip ``n`` over one shared history;

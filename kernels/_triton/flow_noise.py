@@ -2,8 +2,8 @@
 
 One program owns one tile of one clean row ``x0[s]``: it loads the tile once and, for each of
 the K sigmas of that sample, reads the matching noise tile and writes
-``x_t = (1 - sigma) * x0 + sigma * eps`` and ``v* = eps - x0`` (DESIGN section 3). Arithmetic
-in fp32 (fp64 for fp64 inputs); stores cast to the input dtype.
+``x_t = (1 - sigma) * x0 + sigma * eps`` and ``v* = eps - x0`` (docs/design.md section
+3). Arithmetic in fp32 (fp64 for fp64 inputs); stores cast to the input dtype.
 """
 
 from __future__ import annotations

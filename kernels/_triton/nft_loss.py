@@ -1,4 +1,6 @@
-"""Fused Triton NFT loss (DESIGN section 7): per-sample loss and ``dL_i/dv_theta`` in one pass.
+"""Fused Triton NFT loss: per-sample loss and ``dL_i/dv_theta`` in one pass.
+
+The math is docs/design.md section 7.
 
 Per row ``i`` with ``D`` elements, ``d+ = v+ - v* = (1-b) v_old + b v_theta - v*`` and
 ``d- = v- - v* = (1+b) v_old - b v_theta - v*``. Both spaces share one form with per-row

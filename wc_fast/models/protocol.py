@@ -37,7 +37,7 @@ class ContextCache:
 class WorldModel(Protocol):
     """An action-conditioned, clip-autoregressive flow-matching video model.
 
-    Frames are ``[B, F, C, H, W]`` in [-1, 1]; actions are ids 0..80 (DESIGN section 5), one
+    Frames are ``[B, F, C, H, W]`` in [-1, 1]; actions are ids 0..80 (docs/design.md section 5), one
     per frame; ``sigma`` is the flow-matching noise level (1 = pure noise).
     """
 

@@ -51,7 +51,7 @@ class DepthAnything3Estimator:
 
     ``estimator(frames [n, T, C, H, W])`` -> c2w ``[n, T, 4, 4]`` float32, each clip's poses
     expressed relative to its first frame (first pose the identity). DA3 predicts world-to-camera
-    extrinsics in the OpenCV convention, the convention of DESIGN section 3. Its translations
+    extrinsics in the OpenCV convention, that of docs/design.md section 3. Its translations
     have the scale of the model's reconstruction, so translation thresholds for real video must
     be set for that scale.
 

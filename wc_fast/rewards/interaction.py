@@ -1,6 +1,6 @@
 """Interaction-following (IF) score: camera poses -> per-frame action labels -> accuracy.
 
-DESIGN section 5. Everything is vectorized over leading dimensions (groups, candidates),
+docs/design.md section 5. Everything is vectorized over leading dimensions (groups, candidates),
 frames and translation thresholds; there is no per-frame Python loop.
 """
 

@@ -35,7 +35,7 @@ def camera_poses(estimator: CameraEstimator, frames: Tensor) -> Tensor:
 
 def if_scores(estimator: CameraEstimator, frames: Tensor, actions: Tensor, *,
               trans_thresholds: Sequence[float], rot_threshold_deg: float) -> Tensor:
-    """Interaction-following score per candidate, ``[n]`` (DESIGN section 5).
+    """Interaction-following score per candidate, ``[n]`` (docs/design.md section 5).
 
     ``actions`` ``[n, F]`` or ``[F]`` (one command shared by all candidates) are the commanded
     action ids 0..80 of the new frames; the estimator's poses of ``frames`` are turned into
@@ -64,7 +64,7 @@ def stride_frames(num_new: int, stride: int) -> list[int]:
 
 def vq_scores(critic: VisualQualityScorer, frames: Tensor, *, stride: int, mode: str = "stride",
               prompt: str | None = None) -> Tensor:
-    """Visual quality score per candidate, ``[n]`` (DESIGN section 6).
+    """Visual quality score per candidate, ``[n]`` (docs/design.md section 6).
 
     - ``"stride"`` (paper): mean critic score over the new frames picked by
       :func:`stride_frames` (every ``stride``-th new frame).

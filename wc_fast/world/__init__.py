@@ -1,6 +1,6 @@
 """The embedded synthetic world: procedural rooms, a torch ray caster and camera trajectories.
 
-Conventions (DESIGN sections 3 and 5): OpenCV camera frame (+x right, +y down, +z forward),
+Conventions (docs/design.md sections 3 and 5): OpenCV camera frame (+x right, +y down, +z forward),
 camera-to-world poses, frames ``[B, F, C, H, W]`` in [-1, 1]. The action of new frame ``i`` is
 the camera-frame motion from frame ``i-1``: ``c2w[i] = c2w[i-1] @ delta(action)``, with fixed
 per-frame steps :data:`TRANSLATION_STEP` (units) and :data:`ROTATION_STEP_DEG` (degrees).
