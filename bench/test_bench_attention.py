@@ -1,8 +1,8 @@
 """GPU throughput of shared-prefix attention: B rows over one prefix KV plus their own keys.
 
-Run (``--benchmark-enable`` overrides the ``--benchmark-disable`` in pyproject's addopts)::
+Run::
 
-    python -m pytest --benchmark-enable --benchmark-only bench/test_bench_attention.py \\
+    python -m pytest --benchmark-only bench/test_bench_attention.py \\
         --benchmark-group-by=group
 
 Skipped without CUDA. Contenders, all computing ``prefix_attention(q, k, v, prefix_k,

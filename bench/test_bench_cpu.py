@@ -1,8 +1,6 @@
 """CPU throughput of the fused ops: eager reference vs torch.compile(reference) vs native C++.
 
-Run with ``pytest --benchmark-enable --benchmark-only bench/test_bench_cpu.py
---benchmark-group-by=group`` (``--benchmark-enable`` overrides the ``--benchmark-disable`` of
-pyproject's addopts).
+Run with ``pytest --benchmark-only bench/test_bench_cpu.py --benchmark-group-by=group``.
 Every contender produces the same results: the per-sample NFT loss and its gradient with
 respect to ``v_theta`` (fp32, 16M elements per call), or ``flow_noise``'s two outputs. The
 native entries record their speedups over the eager and compiled entries of the same group and

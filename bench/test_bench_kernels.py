@@ -1,8 +1,8 @@
 """GPU throughput of the fused Triton ops against eager and torch.compile references.
 
-Run (``--benchmark-enable`` overrides the ``--benchmark-disable`` in pyproject's addopts)::
+Run::
 
-    python -m pytest --benchmark-enable --benchmark-only bench/test_bench_kernels.py \\
+    python -m pytest --benchmark-only bench/test_bench_kernels.py \\
         --benchmark-group-by=group
 
 Skipped without CUDA (the CPU contenders are in ``bench/test_bench_cpu.py``). In each group
