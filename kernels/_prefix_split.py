@@ -20,6 +20,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from kernels.reference import compute_dtype
+
 
 class PartialKernels(Protocol):
     """A fused attention forward that returns its LSE and a backward that takes one.
@@ -70,7 +72,7 @@ def merge_partials(o1: Tensor, lse1: Tensor, o2: Tensor, lse2: Tensor, out_dtype
 
     Arithmetic in fp32 (fp64 for fp64 outputs); an empty side must come with LSE = -inf.
     """
-    acc = torch.float64 if out_dtype == torch.float64 else torch.float32
+    acc = compute_dtype(out_dtype)
     lse1, lse2 = lse1.to(acc), lse2.to(acc)
     m = torch.maximum(lse1, lse2)
     w1 = torch.exp(lse1 - m).unsqueeze(-1)
@@ -81,7 +83,7 @@ def merge_partials(o1: Tensor, lse1: Tensor, o2: Tensor, lse2: Tensor, out_dtype
 
 
 def _lse_dtype(q: Tensor) -> torch.dtype:
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
+    return compute_dtype(q.dtype)
 
 
 class SplitPrefixAttention(torch.autograd.Function):

@@ -31,6 +31,7 @@ from wc_fast.models import TinyWorldDiT
 from wc_fast.models.motion_latent import LATENTS, factor_latents, with_latents
 from wc_fast.models.pretrained import export_world_model, load_world_model
 from wc_fast.runtime import generator, resolve_device, stream_seed
+from wc_fast.sampler import time_shift
 from wc_fast.world import Clips, batch_seed, sample_sequences
 
 # fields that may change between an interrupted run and its resumption: bookkeeping, and
@@ -40,11 +41,6 @@ RESUMABLE_CHANGES = ("pretrain.steps", "pretrain.out", "pretrain.ckpt_every",
                      *(s for s in config_lib.SECTIONS if s not in ("model", "pretrain", "rollout")),
                      *(f"rollout.{f.name}" for f in dataclasses.fields(config_lib.RolloutConfig)
                        if f.name != "shift"))
-
-
-def shifted(u: torch.Tensor, shift: float) -> torch.Tensor:
-    """The sampler's time shift applied to uniform ``u``: training sigmas match sampling."""
-    return shift * u / (1.0 + (shift - 1.0) * u)
 
 
 def flow_matching_loss(model: TinyWorldDiT, frames: torch.Tensor, actions: torch.Tensor, *,
@@ -62,7 +58,7 @@ def flow_matching_loss(model: TinyWorldDiT, frames: torch.Tensor, actions: torch
     n = (total - 1) // f
     device = frames.device
     x0 = frames[:, 1:].reshape(b * n, f, *frames.shape[2:])
-    sigma = shifted(torch.rand(b * n, 1, generator=gen, device=device), shift)
+    sigma = time_shift(torch.rand(b * n, 1, generator=gen, device=device), shift)
     noise = torch.randn(x0.shape, generator=gen, device=device)
     if model.cfg.motion_latent:
         if motion_factors is None or tuple(motion_factors.shape) != (b, n, LATENTS):

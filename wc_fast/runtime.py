@@ -47,3 +47,9 @@ def stream_seed(*parts: int | str) -> int:
 def generator(*parts: int | str, device: torch.device | str = "cpu") -> torch.Generator:
     """A ``torch.Generator`` on ``device`` seeded with :func:`stream_seed` of ``parts``."""
     return torch.Generator(device=device).manual_seed(stream_seed(*parts))
+
+
+def uniform(gen: torch.Generator, shape: int | tuple[int, ...], lo: float, hi: float, *,
+            dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Values uniform in ``[lo, hi)`` of ``shape``, drawn from ``gen`` (on the CPU)."""
+    return lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=dtype)

@@ -37,7 +37,13 @@ def sigma_schedule(steps: int = 40, shift: float = 5.0) -> Tensor:
     if not shift > 0:
         raise ValueError(f"shift must be > 0, got {shift!r}")
     s = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
-    return (shift * s / (1.0 + (shift - 1.0) * s)).to(torch.float32)
+    return time_shift(s, shift).to(torch.float32)
+
+
+def time_shift(s: Tensor, shift: float) -> Tensor:
+    """``shift * s / (1 + (shift - 1) * s)``: moves sigmas in (0, 1) toward 1 for ``shift > 1``.
+    The sampler's schedule and pretraining's training sigmas both pass through it."""
+    return shift * s / (1.0 + (shift - 1.0) * s)
 
 
 def sde_step_std(sigma: float, noise_level: float, sigma_max: float) -> float:

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from kernels import prefix_attention
 from kernels._checks import values_checkable
+from kernels.reference import compute_dtype
 from wc_fast.actions import NUM_ACTIONS, label_to_bits, split_action
 from wc_fast.config import PREDICTIONS, ModelConfig
 from wc_fast.models.motion_latent import LATENTS
@@ -32,11 +33,6 @@ PROMPT_ACTION = NUM_ACTIONS  # embedding id of the first (prompt) frame, which h
 X0_MIN_SIGMA = 0.05
 GELU_TANH_SCALE = 2 * math.sqrt(2 / math.pi)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    """Dtype for norms and embeddings: fp32, or fp64 for an fp64 model."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 def sigma_embedding(sigma: Tensor, dim: int = 256) -> Tensor:
@@ -146,7 +142,7 @@ class Attention(nn.Module):
         """``x`` ``[B, N, D]`` -> q, k, v ``[B, H, N, Dh]`` with RoPE (cos, sin tables) on q, k."""
         b, n, _ = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        acc = _acc(v.dtype)
+        acc = compute_dtype(v.dtype)
         q = apply_rope(self.q_norm(q.to(acc)).to(v.dtype), *rope)
         k = apply_rope(self.k_norm(k.to(acc)).to(v.dtype), *rope)
         return q, k, v
@@ -171,7 +167,7 @@ class Block(nn.Module):
     def _modulate(x: Tensor, shift: Tensor, scale: Tensor, frames: int) -> Tensor:
         """LayerNorm (fp32), then a per-frame affine: ``x`` ``[B, N, D]``, ``[B, F, D]``."""
         b, n, d = x.shape
-        acc = _acc(x.dtype)
+        acc = compute_dtype(x.dtype)
         h = F.layer_norm(x.to(acc), (d,), eps=1e-6).reshape(b, frames, n // frames, d)
         h = torch.addcmul(shift[:, :, None].to(acc), h, 1 + scale[:, :, None].to(acc))
         return h.reshape(b, n, d).to(x.dtype)
@@ -558,7 +554,7 @@ class TinyWorldDiT(nn.Module):
         """The history's noise level as ``[1]``, in the accumulation dtype (fp64 for an fp64
         model), so the cached and teacher-forced paths embed the same value."""
         return torch.full((1,), float(sigma), device=device,
-                          dtype=_acc(self.patch_embed.weight.dtype))
+                          dtype=compute_dtype(self.patch_embed.weight.dtype))
 
     def _cache_reference(self, cache: ContextCache, frames: Tensor) -> Tensor | None:
         """Reference frames ``[1, F, C, H, W]`` for a chunk that follows ``cache``: its last
@@ -598,7 +594,7 @@ class TinyWorldDiT(nn.Module):
             positions = torch.arange(cache.num_frames, cache.num_frames + f, device=device)
         param_dtype = self.patch_embed.weight.dtype
         rope = rope_tables(positions, self.grid, self.cfg.dim // self.cfg.heads,
-                           _acc(param_dtype))
+                           compute_dtype(param_dtype))
         cond = self._conditioning(sigma.to(param_dtype), actions, motion)
         with self._autocast(device):
             tokens = self.patchify(frames.to(param_dtype))
@@ -616,7 +612,7 @@ class TinyWorldDiT(nn.Module):
             cond, n = cond[:, head_from:], f - head_from
             shift, scale = self.final_modulation(F.silu(cond)).chunk(2, dim=-1)
             h = Block._modulate(x[:, head_from * self.tokens_per_frame:], shift, scale, n)
-            out = self.out(h).to(_acc(param_dtype))
+            out = self.out(h).to(compute_dtype(param_dtype))
             if self.cfg.prediction != "warp":
                 return self.unpatchify(out, n), keys, values
             frame_tokens = h.reshape(b, n, self.tokens_per_frame, -1).mean(dim=2)

@@ -16,13 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from wc_fast.runtime import uniform
+
 KINDS = ("blur", "noise", "color", "ghost", "smear")
 STRENGTHS = {"blur": (0.6, 1.5), "noise": (0.03, 0.15), "color": (0.1, 0.25),
              "ghost": (0.3, 0.5), "smear": (3, 5)}
-
-
-def _uniform(gen: torch.Generator, shape: tuple[int, ...], lo: float, hi: float) -> Tensor:
-    return lo + (hi - lo) * torch.rand(shape, generator=gen)
 
 
 def gaussian_blur(x: Tensor, sigma: Tensor) -> Tensor:
@@ -85,7 +83,7 @@ def degraded_pairs(frames: Tensor, kind: str, gen: torch.Generator) -> tuple[Ten
         return window[:, count // 2], window.mean(1)
     index = torch.randint(0, t, (b,), generator=gen)
     clean = frames[rows, index]
-    strength = _uniform(gen, (b,), lo, hi)
+    strength = uniform(gen, (b,), lo, hi)
     if kind == "blur":
         return clean, gaussian_blur(clean, strength)
     if kind == "noise":

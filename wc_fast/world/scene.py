@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from wc_fast.runtime import uniform
 from wc_fast.world.motion import rot_x, rot_y
 
 FLOOR_Y = 0.9
@@ -57,10 +58,6 @@ class Scenes:
         return Scenes(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
 
 
-def _uniform(gen: torch.Generator, shape: tuple[int, ...], lo: float, hi: float) -> Tensor:
-    return lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=torch.float32)
-
-
 def _hsv_to_rgb(h: Tensor, s: Tensor, v: Tensor) -> Tensor:
     """HSV in [0, 1] ``[...]`` each -> RGB ``[..., 3]``."""
     k = (torch.stack([h, h, h], -1) * 6 + torch.tensor([5.0, 3.0, 1.0])) % 6
@@ -72,38 +69,38 @@ def _materials(gen: torch.Generator, n: int) -> tuple[Tensor, Tensor, Tensor, Te
     """Colours, pattern kinds and frequencies of all materials of ``n`` scenes."""
     m = NUM_MATERIALS
     hue = torch.rand((n, m), generator=gen)
-    sat = _uniform(gen, (n, m), 0.25, 0.75)
-    val = _uniform(gen, (n, m), 0.45, 0.95)
+    sat = uniform(gen, (n, m), 0.25, 0.75)
+    val = uniform(gen, (n, m), 0.45, 0.95)
     color_a = _hsv_to_rgb(hue, sat, val)
     # The second colour: a related hue, clearly darker or lighter, so patterns are visible.
-    hue_b = (hue + _uniform(gen, (n, m), -0.15, 0.15)) % 1.0
-    val_b = (val * _uniform(gen, (n, m), 0.35, 0.65)).clamp(0.1, 1.0)
+    hue_b = (hue + uniform(gen, (n, m), -0.15, 0.15)) % 1.0
+    val_b = (val * uniform(gen, (n, m), 0.35, 0.65)).clamp(0.1, 1.0)
     color_b = _hsv_to_rgb(hue_b, sat, val_b)
     # Ceilings are near-white, as in real rooms: a fixed neutral reference for colour shifts.
     ceiling = 2
-    color_a[:, ceiling] = _uniform(gen, (n, 1), 0.85, 0.95).expand(n, 3)
+    color_a[:, ceiling] = uniform(gen, (n, 1), 0.85, 0.95).expand(n, 3)
     color_b[:, ceiling] = color_a[:, ceiling] * 0.6
     pattern = torch.nn.functional.one_hot(
         torch.randint(len(PATTERNS), (n, m), generator=gen), len(PATTERNS)).float()
     # Cells of 0.35 to 0.9 units: a few pixels wide at 32x32 across the room, so that every
     # surface shows edges that move.
-    frequency = 1.0 / _uniform(gen, (n, m, 1), 0.35, 0.9)
-    frequency = frequency * torch.stack([torch.ones(n, m), _uniform(gen, (n, m), 0.7, 1.4)], -1)
+    frequency = 1.0 / uniform(gen, (n, m, 1), 0.35, 0.9)
+    frequency = frequency * torch.stack([torch.ones(n, m), uniform(gen, (n, m), 0.7, 1.4)], -1)
     return color_a, color_b, pattern, frequency
 
 
 def sample_scenes(n: int, gen: torch.Generator) -> Scenes:
     """``n`` random scenes drawn from ``gen`` (deterministic given its state)."""
-    half = _uniform(gen, (n, 2), 4.5, 6.5)  # room half extents along x and z
+    half = uniform(gen, (n, 2), 4.5, 6.5)  # room half extents along x and z
     room = torch.zeros(n, 2, 3)
     room[:, 0, 0], room[:, 1, 0] = -half[:, 0], half[:, 0]
     room[:, 0, 2], room[:, 1, 2] = -half[:, 1], half[:, 1]
     room[:, 0, 1], room[:, 1, 1] = CEILING_Y, FLOOR_Y
 
     centre = (torch.rand((n, MAX_BOXES, 2), generator=gen) * 2 - 1) * (half[:, None] - 0.9)
-    size = _uniform(gen, (n, MAX_BOXES, 2), 0.25, 0.8)
+    size = uniform(gen, (n, MAX_BOXES, 2), 0.25, 0.8)
     # Boxes stay below the camera: the floor behind them stays in view (motion parallax).
-    height = _uniform(gen, (n, MAX_BOXES), 0.25, 0.65)
+    height = uniform(gen, (n, MAX_BOXES), 0.25, 0.65)
     box_lo = torch.stack([centre[..., 0] - size[..., 0], FLOOR_Y - height,
                           centre[..., 1] - size[..., 1]], -1)
     box_hi = torch.stack([centre[..., 0] + size[..., 0], torch.full_like(height, FLOOR_Y),
@@ -113,7 +110,7 @@ def sample_scenes(n: int, gen: torch.Generator) -> Scenes:
     box_hi = torch.where(used_boxes[..., None], box_hi, box_hi + _PARKED)
 
     pillar_xz = (torch.rand((n, MAX_PILLARS, 2), generator=gen) * 2 - 1) * (half[:, None] - 0.8)
-    radius = _uniform(gen, (n, MAX_PILLARS, 1), 0.15, 0.4)
+    radius = uniform(gen, (n, MAX_PILLARS, 1), 0.15, 0.4)
     used_pillars = torch.arange(MAX_PILLARS) < torch.randint(0, MAX_PILLARS + 1, (n, 1),
                                                              generator=gen)
     pillar_xz = torch.where(used_pillars[..., None], pillar_xz, pillar_xz + _PARKED)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from wc_fast.actions import NUM_ACTIONS, basic_actions, composite_actions, num_primitives
+from wc_fast.runtime import uniform
 from wc_fast.world.motion import (
     ONSET_RANGE,
     ROTATION_STEP_DEG,
@@ -60,17 +61,13 @@ def _class_masks(composite_keys: tuple[int, ...]) -> Tensor:
     return masks
 
 
-def _uniform(n: int, bounds: tuple[float, float], gen: torch.Generator) -> Tensor:
-    lo, hi = bounds
-    return lo + (hi - lo) * torch.rand(n, generator=gen, dtype=torch.float64)
-
-
 def _segment_deltas(n: int, frames: int, gen: torch.Generator, speed_range: tuple[float, float],
                     onset_range: tuple[float, float]) -> tuple[Tensor, Tensor]:
     """Per-frame motion of every action id in one segment of each trajectory
     ``[n, frames, 81, 4, 4]``, and the (speed, turn rate, onset) drawn for it ``[n, 3]``."""
-    speed, turn = _uniform(n, speed_range, gen), _uniform(n, speed_range, gen)
-    onset = _uniform(n, onset_range, gen)
+    speed = uniform(gen, n, *speed_range, dtype=torch.float64)
+    turn = uniform(gen, n, *speed_range, dtype=torch.float64)
+    onset = uniform(gen, n, *onset_range, dtype=torch.float64)
     ramp = torch.ones(n, frames, dtype=torch.float64)
     ramp[:, 0] = onset
     ids = torch.arange(NUM_ACTIONS)[None, None]
