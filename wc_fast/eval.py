@@ -36,6 +36,7 @@ from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
 from wc_fast.rewards import load_critic, load_estimator, vq_scores
 from wc_fast.rewards.interaction import action_accuracy
+from wc_fast.rollout import generate_history
 from wc_fast.runtime import generator, resolve_device
 from wc_fast.sampler import ClipSampler
 from wc_fast.world import sample_sequences
@@ -97,25 +98,16 @@ def rollout_sequences(model: TinyWorldDiT, prompts: Tensor, actions: Tensor, *, 
     seeded by ``(seed, sequence)``, so the result is deterministic.
     """
     device = next(model.parameters()).device
-    f = model.clip_frames
     sampler = ClipSampler(model, steps=steps, shift=shift, capture="eager")
-    ctx = model.cfg.context_sigma
+    clips = actions.shape[1] // model.clip_frames
     out = []
     rows = tqdm(range(prompts.shape[0]), desc="eval rollouts", disable=not progress,
                 dynamic_ncols=True)
     with torch.no_grad():
         for i in rows:
-            gen = generator(seed, i, "eval", device=device)
-            frames = prompts[i:i + 1].to(device)
-            cache = model.extend_cache(model.empty_cache(), frames,
-                                       torch.zeros(1, 1, dtype=torch.long, device=device),
-                                       sigma=ctx)
-            for c in range(actions.shape[1] // f):
-                clip_actions = actions[i, c * f:(c + 1) * f].to(device)
-                clip = sampler.sample(cache, clip_actions, num=1, generator=gen).clips
-                clip = clip.clamp(-1.0, 1.0)
-                cache = model.extend_cache(cache, clip, clip_actions[None], sigma=ctx)
-                frames = torch.cat([frames, clip], dim=1)
+            frames, _, _ = generate_history(model, sampler, prompts[i:i + 1].to(device),
+                                            actions[i].to(device), clips,
+                                            generator(seed, i, "eval", device=device))
             out.append(frames.cpu())
     return torch.cat(out)
 
@@ -224,6 +216,23 @@ def print_table(result: dict, console: Console | None = None, title: str = "wc_f
     for kind in KINDS:
         clips.add_row(kind, *[f"{r['accuracy']:.2f}" for r in result[kind]["by_clip"]])
     console.print(clips)
+
+
+def print_comparison(before: dict, after: dict, console: Console, title: str) -> None:
+    """Two evaluations side by side (base vs trained): accuracy, its change and VQ per set,
+    and the 3- and 4-key combinations inside the composite set."""
+    table = Table(title=title)
+    for col in ("set", "base acc", "trained acc", "change", "base VQ", "trained VQ"):
+        table.add_column(col, justify="right" if col != "set" else "left")
+    rows = [(kind, before[kind], after[kind]) for kind in KINDS]
+    rows += [(f"  composite, {keys} keys", before["composite"]["by_keys"][keys],
+              after["composite"]["by_keys"][keys]) for keys in ("3", "4")
+             if keys in before["composite"]["by_keys"]]
+    for name, b, a in rows:
+        vq = (f"{b['vq']:.3f}", f"{a['vq']:.3f}") if "vq" in b else ("", "")
+        table.add_row(name, f"{b['accuracy']:.3f}", f"{a['accuracy']:.3f}",
+                      f"{a['accuracy'] - b['accuracy']:+.3f}", *vq)
+    console.print(table)
 
 
 def save_grid(path: str | Path, frames: dict, estimator, max_rows: int = 4) -> Path:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.table import Table
 from tqdm import tqdm
 
 from wc_fast import checkpoint
@@ -105,7 +104,7 @@ def _resume(trainer: Trainer, cfg: config_lib.Config) -> int:
 def summary(cfg: config_lib.Config, trained: TinyWorldDiT, device: torch.device,
             console: Console) -> dict:
     """Base vs trained evaluation (eval estimator, not the reward one) and a rollout grid."""
-    from wc_fast.eval import KINDS, EvalSettings, evaluate, save_grid
+    from wc_fast.eval import EvalSettings, evaluate, print_comparison, save_grid
     from wc_fast.rewards import load_estimator
 
     settings = EvalSettings.from_config(cfg, sequences=cfg.train.eval_sequences,
@@ -116,17 +115,9 @@ def summary(cfg: config_lib.Config, trained: TinyWorldDiT, device: torch.device,
                "trained": evaluate(trained.eval(), settings, estimator=estimator,
                                    keep_frames=True)}
     frames = results["trained"].pop("_frames")
-    table = Table(title=f"base vs trained ({settings.sequences} sequences x "
-                        f"{settings.clips} clips per set, eval estimator)")
-    for col in ("set", "base acc", "trained acc", "change", "base VQ", "trained VQ"):
-        table.add_column(col, justify="right" if col != "set" else "left")
-    base_res, trained_res = results["base"], results["trained"]
-    for kind in KINDS:
-        before, after = base_res[kind], trained_res[kind]
-        table.add_row(kind, f"{before['accuracy']:.3f}", f"{after['accuracy']:.3f}",
-                      f"{after['accuracy'] - before['accuracy']:+.3f}", f"{before['vq']:.3f}",
-                      f"{after['vq']:.3f}")
-    console.print(table)
+    print_comparison(results["base"], results["trained"], console,
+                     f"base vs trained ({settings.sequences} sequences x {settings.clips} clips "
+                     "per set, eval estimator)")
     out = Path(cfg.train.out)
     (out / "summary.json").write_text(json.dumps(results, indent=2))
     grid = save_grid(out / "rollouts.png", frames, estimator)
