@@ -427,8 +427,8 @@ class TinyWorldDiT(nn.Module):
         chunk = self._chunk_ids(frames.shape[1], frames.device)
         attend = self._masked_attend(chunk[:, None] >= chunk[None, :])
         sig = self._history_sigma(sigma, frames.device)
-        _, keys, values = self._run(frames, sig, actions, self.empty_cache(), attend=attend,
-                                    reference=self._sequence_reference(frames), head_from=None)
+        _, _, keys, values = self._trunk(frames, sig, actions, self.empty_cache(), attend=attend,
+                                         reference=self._sequence_reference(frames))
         return ContextCache(keys=keys, values=values, num_frames=frames.shape[1],
                             signature=self.signature, last_frame=frames[:, -1])
 
@@ -479,9 +479,10 @@ class TinyWorldDiT(nn.Module):
         if reference is not None:
             # noisy clip j refers to the last frame before it, as clean clip j does
             reference = torch.cat([reference, reference[:, 1:]], dim=1)
-        out, _, _ = self._run(torch.cat([frames, x_t], dim=1), all_sigma, all_actions,
-                              self.empty_cache(), attend=attend, positions=positions,
-                              reference=reference, head_from=total, motion=frame_motion)
+        x, cond, _, _ = self._trunk(torch.cat([frames, x_t], dim=1), all_sigma, all_actions,
+                                    self.empty_cache(), attend=attend, positions=positions,
+                                    reference=reference, motion=frame_motion)
+        out = self._head(x, cond, reference, first=total)
         return self._as_velocity(out, x_t, sigma.repeat_interleave(f, dim=1))
 
     def _chunk_ids(self, frames: int, device: torch.device) -> Tensor:
@@ -503,9 +504,8 @@ class TinyWorldDiT(nn.Module):
     def _append_chunk(self, cache: ContextCache, frames: Tensor, actions: Tensor,
                       sigma: float) -> ContextCache:
         sig = self._history_sigma(sigma, frames.device)
-        _, keys, values = self._run(frames, sig, actions, cache,
-                                    reference=self._cache_reference(cache, frames),
-                                    head_from=None)
+        _, _, keys, values = self._trunk(frames, sig, actions, cache,
+                                         reference=self._cache_reference(cache, frames))
         if cache.keys:
             keys = [torch.cat([old, new], dim=2) for old, new in zip(cache.keys, keys,
                                                                      strict=True)]
@@ -535,10 +535,11 @@ class TinyWorldDiT(nn.Module):
                              f"{tuple(sigma.shape) if isinstance(sigma, Tensor) else sigma!r}")
         actions = self._check_actions(actions, b, f)
         motion = self._check_motion(motion, b)
-        out, _, _ = self._run(x_t, sigma, actions, cache,
-                              reference=self._cache_reference(cache, x_t),
-                              motion=None if motion is None else motion[:, None].expand(b, f, -1))
-        return self._as_velocity(out, x_t, sigma[:, None].expand(b, f))
+        reference = self._cache_reference(cache, x_t)
+        x, cond, _, _ = self._trunk(
+            x_t, sigma, actions, cache, reference=reference,
+            motion=None if motion is None else motion[:, None].expand(b, f, -1))
+        return self._as_velocity(self._head(x, cond, reference), x_t, sigma[:, None].expand(b, f))
 
     def _as_velocity(self, out: Tensor, x_t: Tensor, sigma: Tensor) -> Tensor:
         """The head's output ``[B, F, C, H, W]`` as a velocity, given per-frame ``sigma``
@@ -575,18 +576,17 @@ class TinyWorldDiT(nn.Module):
         index = ((torch.arange(1, t, device=frames.device) - 1) // f) * f
         return torch.cat([torch.zeros_like(frames[:, :1]), frames[:, index]], dim=1)
 
-    def _run(self, frames: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache,
-             attend=None, positions: Tensor | None = None, reference: Tensor | None = None,
-             head_from: int | None = 0, motion: Tensor | None = None
-             ) -> tuple[Tensor | None, list[Tensor], list[Tensor]]:
-        """Run all blocks on one chunk per row against the shared history in ``cache``.
+    def _trunk(self, frames: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache,
+               attend=None, positions: Tensor | None = None, reference: Tensor | None = None,
+               motion: Tensor | None = None) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor]]:
+        """All blocks on one chunk per row ``[B, F, C, H, W]`` against the history in ``cache``.
 
         ``sigma`` ``[B]`` or per frame ``[B, F]``. ``attend(q, k, v)`` replaces the
         shared-prefix attention and ``positions`` ``[F]`` the frame positions when given
         (masked whole-sequence variants). ``reference`` ``[B or 1, F, C, H, W]``: each frame's
         reference frame, concatenated channel-wise (models with ``reference_frame``).
-        The output head runs on frames ``head_from:`` only (``None``: not at all, for
-        history chunks whose prediction nobody reads); the output covers those frames.
+        Returns the last block's tokens ``[B, F*T, D]``, the per-frame condition ``[B, F, D]``
+        and every block's keys and values (what a cache stores).
         """
         b, f = frames.shape[:2]
         device = frames.device
@@ -607,23 +607,33 @@ class TinyWorldDiT(nn.Module):
                 x, k, v = block(x, cond, rope, attend or self._prefix_attend(cache, i, x))
                 keys.append(k)
                 values.append(v)
-            if head_from is None:
-                return None, keys, values
-            cond, n = cond[:, head_from:], f - head_from
-            shift, scale = self.final_modulation(F.silu(cond)).chunk(2, dim=-1)
-            h = Block._modulate(x[:, head_from * self.tokens_per_frame:], shift, scale, n)
-            out = self.out(h).to(compute_dtype(param_dtype))
-            if self.cfg.prediction != "warp":
-                return self.unpatchify(out, n), keys, values
-            frame_tokens = h.reshape(b, n, self.tokens_per_frame, -1).mean(dim=2)
-            affine = self.affine_flow(frame_tokens).to(out.dtype)
+        return x, cond, keys, values
+
+    def _head(self, x: Tensor, cond: Tensor, reference: Tensor | None, first: int = 0
+              ) -> Tensor:
+        """The output head on frames ``first:`` of the trunk's tokens ``x`` ``[B, F*T, D]``
+        and condition ``cond`` ``[B, F, D]``: the clip ``[B, F - first, C, H, W]`` (velocity,
+        x0, or for ``warp`` the reference frames warped by the predicted flow plus a
+        residual)."""
+        b, f = cond.shape[:2]
+        n = f - first
+        acc = compute_dtype(self.patch_embed.weight.dtype)
+        with self._autocast(x.device):
+            shift, scale = self.final_modulation(F.silu(cond[:, first:])).chunk(2, dim=-1)
+            h = Block._modulate(x[:, first * self.tokens_per_frame:], shift, scale, n)
+            out = self.out(h).to(acc)
+            if self.cfg.prediction == "warp":
+                frame_tokens = h.reshape(b, n, self.tokens_per_frame, -1).mean(dim=2)
+                affine = self.affine_flow(frame_tokens).to(out.dtype)
+        if self.cfg.prediction != "warp":
+            return self.unpatchify(out, n)
         c = self.cfg.channels
         residual = self.unpatchify(out[..., :c * self.cfg.patch ** 2], n)
         flow = self.unpatchify(out[..., c * self.cfg.patch ** 2:], n, channels=2)
         flow = accumulate_over_clips(flow + affine_flow(affine, self.cfg.resolution),
                                      self.clip_frames)
-        reference = reference[:, head_from:].to(out.dtype).expand(b, -1, -1, -1, -1)
-        return warp(reference, flow) + residual, keys, values
+        reference = reference[:, first:].to(out.dtype).expand(b, -1, -1, -1, -1)
+        return warp(reference, flow) + residual
 
     def _prefix_attend(self, cache: ContextCache, layer: int, x: Tensor):
         """Attention of the rows' own tokens plus layer ``layer``'s shared history."""
