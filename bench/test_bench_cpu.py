@@ -1,10 +1,12 @@
 """CPU throughput of the fused ops: eager reference vs torch.compile(reference) vs native C++.
 
 Run with ``pytest --benchmark-only bench/test_bench_cpu.py --benchmark-group-by=group``.
-Every contender produces the same results: the per-sample NFT loss and its gradient with
-respect to ``v_theta`` (fp32, 16M elements per call), or ``flow_noise``'s two outputs. The
-native entries record their speedups over the eager and compiled entries of the same group and
-run in ``extra_info`` (see ``--benchmark-json``). torch.compile is warmed up before timing.
+Every contender produces the same results: the NFT loss under one reduction and its gradient
+with respect to ``v_theta`` through autograd (fp32, 16M elements per call; the ``native``
+entry is the bare extension call, per-sample loss and gradient), or ``flow_noise``'s two
+outputs. The public and native entries record their speedups over the eager and compiled
+entries of the same group in ``extra_info`` (see ``--benchmark-json``). torch.compile is warmed
+up before timing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ native = pytest.importorskip("kernels._native", reason="the native extension is 
 
 NFT_SHAPES = ((4, 1 << 22), (1, 1 << 24))  # 16M elements as 4 rows and as one row
 SPACES = ("velocity", "x0")
+REDUCTIONS = ("mean", "sum", "none")
 # "public" is kernels.nft_loss(backend="native") with autograd, when that backend is wired;
 # "native" (last: it reads the others' times) calls the extension directly.
 CONTENDERS = ("eager", "compile", "public", "native")
@@ -29,8 +32,13 @@ FLOW_SHAPE = (6, 20, 16 * 4 * 16 * 16)  # S, K, D: 6 clean latents at 20 sigmas,
 _MEDIANS: dict[tuple[str, str], float] = {}
 
 
-def _reference_loss_and_grad(loss_fn, inputs: dict, space: str):
-    """Per-sample loss and d(sum loss)/d v_theta through autograd (eager or compiled)."""
+def _reduce(per_sample, reduction: str):
+    return {"mean": per_sample.mean, "sum": per_sample.sum,
+            "none": lambda: per_sample}[reduction]()
+
+
+def _loss_and_grad(loss_fn, inputs: dict, space: str):
+    """The loss and d(loss summed)/d v_theta through autograd."""
     v_theta = inputs["v_theta"].detach().requires_grad_()
     loss = loss_fn(v_theta, inputs["v_old"], inputs["v_target"], inputs["r"],
                    sigma=inputs["sigma"], space=space)
@@ -38,32 +46,38 @@ def _reference_loss_and_grad(loss_fn, inputs: dict, space: str):
     return loss.detach(), grad
 
 
-def _public_nft_loss():
+def _reduced_reference(loss_fn, reduction: str):
+    return lambda *args, **kw: _reduce(loss_fn(*args, **kw), reduction)
+
+
+def _public_nft_loss(reduction: str):
     """The public op, or a skip when its native backend is not wired yet."""
     module = importlib.import_module("kernels.nft_loss")
     if "native" not in module.IMPLEMENTED:
         pytest.skip("kernels.nft_loss has no native backend yet")
-    return lambda *args, **kw: module.nft_loss(*args, **kw, reduction="none", backend="native")
+    return lambda *args, **kw: module.nft_loss(*args, **kw, reduction=reduction,
+                                               backend="native")
 
 
-def _nft_callable(contender: str, inputs: dict, space: str):
+def _nft_callable(contender: str, inputs: dict, space: str, reduction: str):
     if contender == "public":
-        public = _public_nft_loss()
-        return lambda: _reference_loss_and_grad(public, inputs, space)
+        return lambda: _loss_and_grad(_public_nft_loss(reduction), inputs, space)
     if contender == "native":
         args = (inputs["v_theta"], inputs["v_old"], inputs["v_target"], inputs["r"],
                 inputs["sigma"], 1.0, space == "x0")
         return lambda: native.nft_loss_fwd(*args)
-    loss_fn = reference.nft_loss
+    loss_fn = _reduced_reference(reference.nft_loss, reduction)
     if contender == "compile":
-        loss_fn = torch.compile(reference.nft_loss, dynamic=False)
-    return lambda: _reference_loss_and_grad(loss_fn, inputs, space)
+        loss_fn = torch.compile(loss_fn, dynamic=False)
+    return lambda: _loss_and_grad(loss_fn, inputs, space)
 
 
 def _record(benchmark, group: str, contender: str) -> None:
     """Remember this contender's median; the native entry stores its speedups."""
+    if benchmark.stats is None:  # --benchmark-disable: run once, nothing timed
+        return
     _MEDIANS[(group, contender)] = benchmark.stats.stats.median
-    if contender != "native":
+    if contender not in ("public", "native"):
         return
     for base in ("eager", "compile"):
         if (group, base) in _MEDIANS:
@@ -81,13 +95,18 @@ def nft_inputs(request):
 
 
 @pytest.mark.parametrize("contender", CONTENDERS)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("space", SPACES)
-def test_nft_loss_and_grad(benchmark, nft_inputs, space, contender):
+def test_nft_loss_and_grad(benchmark, nft_inputs, space, reduction, contender):
     b, d = nft_inputs["v_theta"].shape
-    group = f"nft_loss+grad fp32 {b}x{d} {space}"
+    group = f"nft_loss+grad fp32 {b}x{d} {space} {reduction}"
     benchmark.group = group
-    fn = _nft_callable(contender, nft_inputs, space)
-    fn()  # warm-up outside the timed region (compiles the torch.compile contender)
+    fn = _nft_callable(contender, nft_inputs, space, reduction)
+    result = fn()  # warm-up outside the timed region (compiles the torch.compile contender)
+    if contender in ("compile", "public"):  # agree with eager before being timed
+        want = _nft_callable("eager", nft_inputs, space, reduction)()
+        for got, expected in zip(result, want, strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
     benchmark.pedantic(fn, rounds=10, warmup_rounds=1)
     _record(benchmark, group, contender)
 

@@ -1,5 +1,6 @@
 // Native CPU kernels of the fused ops, the extension module `kernels._native`:
-//   nft_loss_fwd(v_theta, v_old, v_target, r, sigma_or_None, beta, x0) -> (loss [B], grad [B, D])
+//   nft_loss_fwd(v_theta, v_old, v_target, r, sigma_or_None, beta, x0, grad_scale)
+//     -> (loss [B], grad_scale * dloss/dv_theta [B, D])
 //   flow_noise(x0 [S, D], sigmas [S, K], noise [S*K, D]) -> (x_t, v_target) [S*K, D]
 // The math is docs/design.md section 7 and kernels/reference.py; this file holds the argument
 // checks, the work split over threads and the pybind11 bindings. The vectorized inner loops
@@ -333,7 +334,7 @@ std::vector<double> loss_factors(int64_t rows, int64_t cols, const A* r, const A
 template <class T, class A>
 void nft_loss_typed(const at::Tensor& v_theta, const at::Tensor& v_old, const at::Tensor& v_target,
                     const at::Tensor& r, const std::optional<at::Tensor>& sigma, double beta,
-                    at::Tensor& loss, at::Tensor& grad) {
+                    double grad_scale, at::Tensor& loss, at::Tensor& grad) {
   const Kernels<T, A> k = kernels<T, A>();
   const RowChunks rc(v_theta.size(0), v_theta.size(1), kChunk);
   const T* vt = v_theta.const_data_ptr<T>();
@@ -353,8 +354,9 @@ void nft_loss_typed(const at::Tensor& v_theta, const at::Tensor& v_old, const at
       const int64_t row = rc.row(item);
       const int64_t offset = row * rc.cols + rc.begin(item);
       k.square_sums_grad(vt + offset, vo + offset, vs + offset, g + offset, rc.length(item), b,
-                         static_cast<A>(2.0 * beta * f[2 * row]),
-                         static_cast<A>(2.0 * beta * f[2 * row + 1]), &partial[2 * item]);
+                         static_cast<A>(2.0 * beta * grad_scale * f[2 * row]),
+                         static_cast<A>(2.0 * beta * grad_scale * f[2 * row + 1]),
+                         &partial[2 * item]);
     }
   });
   const std::vector<double> sums = row_totals(rc, partial);
@@ -368,13 +370,14 @@ std::tuple<at::Tensor, at::Tensor> nft_loss_fwd(const at::Tensor& v_theta,
                                                 const at::Tensor& v_old,
                                                 const at::Tensor& v_target, const at::Tensor& r,
                                                 const std::optional<at::Tensor>& sigma,
-                                                double beta, bool x0) {
+                                                double beta, bool x0, double grad_scale) {
   constexpr const char* op = "nft_loss_fwd";
   check_float_matrix(op, "v_theta", v_theta);
   check_same(op, "v_old", v_old, "v_theta", v_theta);
   check_same(op, "v_target", v_target, "v_theta", v_theta);
   TORCH_CHECK(v_theta.size(1) > 0, op, ": rows must be non-empty, got shape ", v_theta.sizes());
   TORCH_CHECK(std::isfinite(beta), op, ": beta must be finite, got ", beta);
+  TORCH_CHECK(std::isfinite(grad_scale), op, ": grad_scale must be finite, got ", grad_scale);
   TORCH_CHECK(!x0 || sigma.has_value(), op, ": sigma [B] is required for the x0 space");
   const int64_t rows = v_theta.size(0);
   const at::ScalarType dt = v_theta.scalar_type();
@@ -388,16 +391,20 @@ std::tuple<at::Tensor, at::Tensor> nft_loss_fwd(const at::Tensor& v_theta,
   if (rows == 0) return {loss, grad};
   switch (dt) {
     case at::kFloat:
-      nft_loss_typed<float, float>(v_theta, v_old, v_target, rr, sig, beta, loss, grad);
+      nft_loss_typed<float, float>(v_theta, v_old, v_target, rr, sig, beta, grad_scale, loss,
+                                    grad);
       break;
     case at::kDouble:
-      nft_loss_typed<double, double>(v_theta, v_old, v_target, rr, sig, beta, loss, grad);
+      nft_loss_typed<double, double>(v_theta, v_old, v_target, rr, sig, beta, grad_scale, loss,
+                                      grad);
       break;
     case at::kHalf:
-      nft_loss_typed<c10::Half, float>(v_theta, v_old, v_target, rr, sig, beta, loss, grad);
+      nft_loss_typed<c10::Half, float>(v_theta, v_old, v_target, rr, sig, beta, grad_scale,
+                                        loss, grad);
       break;
     default:
-      nft_loss_typed<c10::BFloat16, float>(v_theta, v_old, v_target, rr, sig, beta, loss, grad);
+      nft_loss_typed<c10::BFloat16, float>(v_theta, v_old, v_target, rr, sig, beta, grad_scale,
+                                            loss, grad);
       break;
   }
   return {loss, grad};
@@ -475,11 +482,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Native CPU kernels of the fused ops nft_loss and flow_noise (kernels._native).";
   m.def("nft_loss_fwd", &nft_loss_fwd, py::arg("v_theta"), py::arg("v_old"),
         py::arg("v_target"), py::arg("r"), py::arg("sigma"), py::arg("beta"), py::arg("x0"),
-        py::call_guard<py::gil_scoped_release>(),
+        py::arg("grad_scale") = 1.0, py::call_guard<py::gil_scoped_release>(),
         "Per-sample NFT loss [B] (float32; float64 for float64 inputs) and its gradient with "
-        "respect to v_theta [B, D], in one pass (two for x0=True). Inputs: contiguous [B, D] "
-        "tensors of one dtype; r and sigma [B]; sigma is required when x0=True and ignored "
-        "otherwise.");
+        "respect to v_theta [B, D] times grad_scale, in one pass (two for x0=True). Inputs: "
+        "contiguous [B, D] tensors of one dtype; r and sigma [B]; sigma is required when "
+        "x0=True and ignored otherwise.");
   m.def("flow_noise", &flow_noise, py::arg("x0"), py::arg("sigmas"), py::arg("noise"),
         py::call_guard<py::gil_scoped_release>(),
         "x_t = (1 - sigma) x0 + sigma noise and v_target = noise - x0 for K sigmas per row: "

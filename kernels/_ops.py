@@ -16,9 +16,14 @@ installed only the native CPU kernels are registered; with neither, no op is.
 Signatures (all tensors 2-D, rows flattened by the public ops in :mod:`kernels.nft_loss` and
 :mod:`kernels.flow_noise`):
 
-- ``nft_loss_fwd(v_theta, v_old, v_target [B, D], r [B], sigma [B] | None, beta, x0)
-  -> (loss [B] fp32 (fp64 for fp64 inputs), grad [B, D])`` with ``grad[i] = dL_i/dv_theta[i]``.
-  Backward: ``dv_theta = grad * grad_loss[:, None]``; the other inputs get no gradient.
+- ``nft_loss_fwd(v_theta, v_old, v_target [B, D], r [B], sigma [B] | None, beta, x0,
+  grad_scale=1.0) -> (loss [B] fp32 (fp64 for fp64 inputs), grad [B, D])`` with
+  ``grad[i] = grad_scale * dL_i/dv_theta[i]``. Backward:
+  ``dv_theta = grad * (grad_loss / grad_scale)[:, None]``; the other inputs get no gradient.
+  The public op passes the factor its reduction will apply as ``grad_scale``, so for the usual
+  ``loss.backward()`` the factor is 1 and the saved gradient is the answer: on CPU that is
+  checked and the multiply skipped (on CUDA the check would synchronise, and traced graphs
+  cannot branch on values, so there the multiply always runs).
 - ``flow_noise(x0 [S, D], sigmas [S, K], noise [S*K, D]) -> (x_t, v_target [S*K, D])``.
   Backward: ``dx0[s] = sum_j (1 - sig[s, j]) g_xt[s*K+j] - g_v[s*K+j]``,
   ``dnoise = sig * g_xt + g_v``, ``dsigmas[s, j] = <g_xt[s*K+j], noise[s*K+j] - x0[s]>``.
@@ -36,6 +41,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 from kernels._backend import native_built, triton_interpreting
 from kernels.reference import compute_dtype
@@ -57,16 +63,18 @@ TRITON_TWIN = "_triton"
 # nft_loss_fwd -----------------------------------------------------------------------------
 
 def _nft_native(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
-                sigma: Tensor | None, beta: float, x0: bool) -> tuple[Tensor, Tensor]:
+                sigma: Tensor | None, beta: float, x0: bool, grad_scale: float = 1.0
+                ) -> tuple[Tensor, Tensor]:
     from kernels import _native
 
     sig = None if sigma is None else sigma.to(torch.float32).contiguous()
     return _native.nft_loss_fwd(v_theta.contiguous(), v_old.contiguous(), v_target.contiguous(),
-                                r.to(torch.float32).contiguous(), sig, beta, x0)
+                                r.to(torch.float32).contiguous(), sig, beta, x0, grad_scale)
 
 
 def _nft_fake(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
-              sigma: Tensor | None, beta: float, x0: bool) -> tuple[Tensor, Tensor]:
+              sigma: Tensor | None, beta: float, x0: bool, grad_scale: float = 1.0
+              ) -> tuple[Tensor, Tensor]:
     loss = v_theta.new_empty(v_theta.shape[0], dtype=compute_dtype(v_theta.dtype))
     return loss, torch.empty_like(v_theta, memory_format=torch.contiguous_format)
 
@@ -74,12 +82,25 @@ def _nft_fake(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
 def _nft_setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
     ctx.save_for_backward(output[1])
     ctx.mark_non_differentiable(output[1])
+    ctx.grad_scale = inputs[7] if len(inputs) > 7 else 1.0
+
+
+def _upstream_is_grad_scale(grad_loss: Tensor, grad_scale: float) -> bool:
+    """Whether every row's upstream gradient equals the factor the forward already applied
+    (checked on the host, so only for CPU tensors outside tracing; see the module doc)."""
+    if grad_loss.device.type != "cpu" or torch.compiler.is_compiling() or is_fake(grad_loss):
+        return False
+    return bool((grad_loss == grad_scale).all())
 
 
 def _nft_backward(ctx: Any, grad_loss: Tensor, _grad_grad: Tensor | None) -> tuple:
     (grad,) = ctx.saved_tensors
-    dv_theta = (grad.to(grad_loss.dtype) * grad_loss.unsqueeze(1)).to(grad.dtype)
-    return dv_theta, None, None, None, None, None, None
+    if _upstream_is_grad_scale(grad_loss, ctx.grad_scale):
+        dv_theta = grad
+    else:
+        factor = (grad_loss / ctx.grad_scale).unsqueeze(1)
+        dv_theta = (grad.to(grad_loss.dtype) * factor).to(grad.dtype)
+    return dv_theta, None, None, None, None, None, None, None
 
 
 # flow_noise --------------------------------------------------------------------------------

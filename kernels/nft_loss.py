@@ -15,7 +15,8 @@ IMPLEMENTED = ("reference", "triton", "native")
 
 
 
-def _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction, values) -> None:
+def _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction, scale,
+                  values) -> None:
     _checks.check_tensor("v_theta", v_theta, min_dim=1)
     _checks.check_like("v_old", _checks.check_tensor("v_old", v_old), "v_theta", v_theta)
     _checks.check_like("v_target", _checks.check_tensor("v_target", v_target), "v_theta",
@@ -24,6 +25,10 @@ def _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction, va
         raise ValueError(f"v_theta must be non-empty [B, ...], got shape {tuple(v_theta.shape)}")
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
         raise TypeError(f"beta must be a finite float, got {beta!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite float, got {scale!r}")
+    if scale == 0:
+        raise ValueError("scale must be non-zero (it multiplies the loss and its gradient)")
     _checks.check_choice("space", space, SPACES)
     _checks.check_choice("reduction", reduction, REDUCTIONS)
     b = v_theta.shape[0]
@@ -52,6 +57,7 @@ def nft_loss(
     sigma: Tensor | None = None,
     space: str = "velocity",
     reduction: str = "mean",
+    scale: float = 1.0,
     backend: str = "auto",
     check_values: bool = True,
 ) -> Tensor:
@@ -61,31 +67,37 @@ def nft_loss(
     (``eps - x0``): ``[B, ...]`` of one dtype (fp16, bf16, fp32; fp64 for gradcheck).
     ``r`` ``[B]`` in [0, 1] is the optimality of each sample; ``sigma`` ``[B]`` the noise level,
     required for ``space="x0"``. Returns the fp32 loss (fp64 for fp64 inputs), averaged
-    (``"mean"``), summed (``"sum"``) or per sample ``[B]`` (``"none"``).
+    (``"mean"``), summed (``"sum"``) or per sample ``[B]`` (``"none"``), times ``scale`` (for
+    example ``1 / total`` when the samples of one step come in several calls).
 
     ``backend="triton"`` / ``"native"`` run the fused op ``wc_fast::nft_loss_fwd`` (see
     :mod:`kernels._ops`): one pass over the inputs (two for ``x0``) yields the per-sample loss
-    and ``dL_i/dv_theta``, which the backward scales; ``r`` and ``sigma`` are used in fp32 and
-    non-contiguous inputs are copied first.
+    and the gradient already multiplied by the reduction's factor and ``scale``, so the
+    backward of ``loss.backward()`` has nothing left to do (on CPU; on CUDA it multiplies by
+    the upstream gradient). ``r`` and ``sigma`` are used in fp32 and non-contiguous inputs
+    are copied first.
 
     ``check_values=False`` skips the range checks of ``r`` and ``sigma``, which read them on
     the host (a device sync on CUDA): for callers that validated them already.
     """
-    _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction, check_values)
+    _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction, scale,
+                  check_values)
     chosen = resolve("nft_loss", backend, v_theta.device, IMPLEMENTED)
+    b = v_theta.shape[0]
+    # the factor the reduction applies to each sample's loss: the fused ops pre-scale the
+    # gradient by it, and the reduction below multiplies by exactly this value, so the
+    # upstream gradient of each sample equals it and the op's backward can skip its pass
+    factor = float(scale) / b if reduction == "mean" else float(scale)
     if chosen == "reference":
         per_sample = reference.nft_loss(v_theta, v_old, v_target, r, beta=float(beta),
                                         sigma=sigma, space=space)
     else:
         from kernels import _ops
 
-        b = v_theta.shape[0]
         op = _ops.op_for(_ops.NFT_LOSS, chosen, v_theta.device)
         x0 = space == "x0"
         per_sample, _ = op(v_theta.reshape(b, -1), v_old.reshape(b, -1), v_target.reshape(b, -1),
-                           r, sigma if x0 else None, float(beta), x0)
-    if reduction == "mean":
-        return per_sample.mean()
-    if reduction == "sum":
-        return per_sample.sum()
-    return per_sample
+                           r, sigma if x0 else None, float(beta), x0, factor)
+    if factor != 1.0:
+        per_sample = per_sample * factor
+    return per_sample if reduction == "none" else per_sample.sum()

@@ -28,11 +28,13 @@ ALL_OPS = sorted(_ops.OPS)
 BACKENDS = ["reference", "triton"] + (["native"] if NATIVE else [])
 
 
-def _nft_args(b=3, d=20, dtype=torch.float32, device="cpu", x0=True, grad=True):
+def _nft_args(b=3, d=20, dtype=torch.float32, device="cpu", x0=True, grad=True,
+              grad_scale=None):
     g = torch.Generator().manual_seed(0)
     vt, vo, vs = (torch.randn(b, d, generator=g, dtype=dtype).to(device) for _ in range(3))
     r, sigma = torch.rand(b, generator=g).to(device), torch.rand(b, generator=g).to(device)
-    return (vt.requires_grad_(grad), vo, vs, r, sigma if x0 else None, 0.5, x0)
+    scale = () if grad_scale is None else (grad_scale,)
+    return (vt.requires_grad_(grad), vo, vs, r, sigma if x0 else None, 0.5, x0, *scale)
 
 
 def _flow_args(s=2, k=3, d=10, dtype=torch.float32, device="cpu", grad=True):
@@ -78,7 +80,8 @@ def test_cpu_kernels_are_native_when_built_else_triton():
 def test_opcheck(name):
     variants = [{}]
     if name.startswith(_ops.NFT_LOSS):
-        variants = [{"x0": True}, {"x0": False, "dtype": torch.float16}]
+        variants = [{"x0": True}, {"x0": False, "dtype": torch.float16},
+                    {"x0": True, "grad_scale": -0.25}]
     for kw in variants:
         torch.library.opcheck(_ops.OPS[name], _args_for(name, **kw))
 
@@ -89,8 +92,10 @@ def test_gradcheck_float64(name):
     (x0 space detaches its weights, so its gradient is not the derivative), x0 and noise."""
     op = _ops.OPS[name]
     if name.startswith(_ops.NFT_LOSS):
-        vt, *rest = _nft_args(b=2, d=3, dtype=torch.float64, x0=False)
-        assert torch.autograd.gradcheck(lambda v: op(v, *rest)[0], (vt,))
+        for grad_scale in (None, 0.3):
+            vt, *rest = _nft_args(b=2, d=3, dtype=torch.float64, x0=False,
+                                  grad_scale=grad_scale)
+            assert torch.autograd.gradcheck(lambda v, rest=rest: op(v, *rest)[0], (vt,))
     else:
         x0, sigmas, noise = _flow_args(s=2, k=2, d=3, dtype=torch.float64)
         assert torch.autograd.gradcheck(lambda a, n: op(a, sigmas, n), (x0, noise))

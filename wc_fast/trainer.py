@@ -259,7 +259,8 @@ class Trainer:
         return cache, flops * (3 if mode == "recompute_grad" else 1)
 
     def _accumulate(self, item: dict, total: float) -> tuple[float, float]:
-        """Backward of the item's loss sum / ``total`` in micro-batches over shared caches."""
+        """Backward of the item's loss sum / ``total`` in micro-batches over shared caches;
+        returns that value (the item's share of the step's mean loss) and the FLOPs."""
         nf = self.cfg.nft
         group: GroupRollout = item["group"]
         shared = len(group.caches) == 1
@@ -273,16 +274,16 @@ class Trainer:
             flops += cache_flops
             parts = idx.split(micro)
             for j, part in enumerate(parts):
-                loss, f = self._micro_loss(item, part, group.clip_actions, cache, old_cache)
+                loss, f = self._micro_loss(item, part, group.clip_actions, cache, old_cache,
+                                           1.0 / total)
                 last = j == len(parts) - 1
-                (loss / total).backward(retain_graph=nf.context_kv == "recompute_grad"
-                                        and not last)
+                loss.backward(retain_graph=nf.context_kv == "recompute_grad" and not last)
                 loss_sum += loss.item()
                 flops += f
         return loss_sum, flops
 
     def _micro_loss(self, item: dict, part: Tensor, actions: Tensor, cache: ContextCache,
-                    old_cache: ContextCache) -> tuple[Tensor, float]:
+                    old_cache: ContextCache, scale: float) -> tuple[Tensor, float]:
         nf = self.cfg.nft
         x_t, sigma = item["x_t"][part], item["sigma"][part]
         motion = None if item["motion"] is None else item["motion"][part]
@@ -296,7 +297,7 @@ class Trainer:
             flops = 4 * batch_flops
         loss = nft_loss(v_theta, v_old, item["v_target"][part].to(v_theta.dtype),
                         item["r"][part], beta=nf.beta, sigma=sigma, space=nf.loss_space,
-                        reduction="sum", check_values=False)
+                        reduction="sum", scale=scale, check_values=False)
         return loss, flops
 
     def _global_sum(self, value: float) -> float:

@@ -71,10 +71,11 @@ def nft_abs_err_kernel(vt_ptr, vo_ptr, vs_ptr, part_ptr, beta, d, chunk, n_split
 
 
 @triton.jit
-def nft_loss_grad_kernel(vt_ptr, vo_ptr, vs_ptr, r_ptr, k_ptr, grad_ptr, part_ptr, beta, d,
-                         chunk, n_splits, HAS_K: tl.constexpr, BLOCK: tl.constexpr,
-                         ACC: tl.constexpr):
-    """Loss part of chunk ``c`` of row ``i`` into ``part[i, c]`` and that chunk's gradient.
+def nft_loss_grad_kernel(vt_ptr, vo_ptr, vs_ptr, r_ptr, k_ptr, grad_ptr, part_ptr, beta,
+                         grad_scale, d, chunk, n_splits, HAS_K: tl.constexpr,
+                         BLOCK: tl.constexpr, ACC: tl.constexpr):
+    """Loss part of chunk ``c`` of row ``i`` into ``part[i, c]`` and that chunk's gradient
+    times ``grad_scale``.
 
     ``vt, vo, vs, grad`` ``[B, D]`` contiguous; ``r`` ``[B]`` fp32; ``k`` ``[B, 2]`` in ``ACC``
     (``k+, k-``; read only when ``HAS_K``, else 1); ``part`` ``[B, n_splits]`` in ``ACC``.
@@ -92,8 +93,9 @@ def nft_loss_grad_kernel(vt_ptr, vo_ptr, vs_ptr, r_ptr, k_ptr, grad_ptr, part_pt
         c_pos = c_pos * tl.load(k_ptr + row * 2).to(ACC)
         c_neg = c_neg * tl.load(k_ptr + row * 2 + 1).to(ACC)
     inv_d = 1.0 / tl.cast(d, ACC)
-    g_pos = 2.0 * b * inv_d * c_pos
-    g_neg = 2.0 * b * inv_d * c_neg
+    scale = tl.cast(grad_scale, ACC)
+    g_pos = 2.0 * b * inv_d * c_pos * scale
+    g_neg = 2.0 * b * inv_d * c_neg * scale
     idx = tl.arange(0, BLOCK)
     sq_pos = tl.zeros([BLOCK], ACC)
     sq_neg = tl.zeros([BLOCK], ACC)
@@ -129,12 +131,15 @@ def _check(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor, sigma: T
 
 
 def nft_loss_fwd(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
-                 sigma: Tensor | None, beta: float, x0: bool) -> tuple[Tensor, Tensor]:
-    """Per-sample NFT loss ``[B]`` and its gradient w.r.t. ``v_theta`` ``[B, D]``.
+                 sigma: Tensor | None, beta: float, x0: bool, grad_scale: float = 1.0
+                 ) -> tuple[Tensor, Tensor]:
+    """Per-sample NFT loss ``[B]`` and its gradient w.r.t. ``v_theta`` ``[B, D]`` times
+    ``grad_scale``.
 
     ``v_theta, v_old, v_target`` ``[B, D]`` of one dtype (non-contiguous ones are copied),
     ``r, sigma`` ``[B]`` (cast to fp32; ``sigma`` is read only when ``x0``). Returns the loss
-    in fp32 (fp64 for fp64 inputs) and ``grad[i] = dL_i/dv_theta[i]`` in ``v_theta``'s dtype.
+    in fp32 (fp64 for fp64 inputs) and ``grad[i] = grad_scale * dL_i/dv_theta[i]`` in
+    ``v_theta``'s dtype.
     Same contract as ``kernels._native.nft_loss_fwd``.
     """
     _check(v_theta, v_old, v_target, r, sigma, x0)
@@ -156,7 +161,7 @@ def nft_loss_fwd(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
     grad = new_output(vt.shape, vt.dtype, vt.device)
     part = new_output((rows, cfg.n_splits), acc, vt.device)
     wrap_triton(nft_loss_grad_kernel)[grid](
-        vt, vo, vs, r32, k, grad, part, beta, d, cfg.chunk, cfg.n_splits,
+        vt, vo, vs, r32, k, grad, part, beta, grad_scale, d, cfg.chunk, cfg.n_splits,
         HAS_K=x0, BLOCK=cfg.block, ACC=tl_acc(vt.dtype), num_warps=cfg.num_warps)
     return part.sum(dim=1), grad
 
@@ -168,6 +173,8 @@ def aot_configs() -> list[AotConfig]:
     for dtype in ("fp32", "fp16", "bf16"):
         inputs = {"vt_ptr": f"*{dtype}", "vo_ptr": f"*{dtype}", "vs_ptr": f"*{dtype}"}
         sizes = {"beta": "fp32", "d": "i32", "chunk": "i32", "n_splits": "i32"}
+        loss_sizes = {"beta": "fp32", "grad_scale": "fp32", "d": "i32", "chunk": "i32",
+                      "n_splits": "i32"}
         consts = {"BLOCK": GPU_BLOCK, "ACC": tl.float32}
         meta = {"BLOCK": "constexpr", "ACC": "constexpr"}
         aligned = (*inputs, "part_ptr", "d", "chunk")
@@ -178,7 +185,7 @@ def aot_configs() -> list[AotConfig]:
             configs.append(AotConfig(
                 nft_loss_grad_kernel, dtype, "x0 pass 2" if x0 else "velocity",
                 {**inputs, "r_ptr": "*fp32", "k_ptr": "*fp32", "grad_ptr": f"*{dtype}",
-                 "part_ptr": "*fp32", **sizes, "HAS_K": "constexpr", **meta},
+                 "part_ptr": "*fp32", **loss_sizes, "HAS_K": "constexpr", **meta},
                 {**consts, "HAS_K": x0}, GPU_WARPS,
                 (*aligned, "r_ptr", "k_ptr", "grad_ptr")))
     return configs + [c.with_unit("n_splits") for c in configs]
