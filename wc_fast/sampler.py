@@ -132,24 +132,22 @@ class ClipSampler:
             if key not in self._graphs:
                 self._graphs[key] = _CapturedLoop(self, noise, cache, actions, step_noise)
             return self._graphs[key].replay(noise, cache, actions, step_noise)
-        step = self._step
-        if mode == "compile":
-            step = self._compiled(noise.device)
-        return self._loop(step, noise, cache, actions, step_noise)
+        if mode != "compile":
+            return self._loop(self._step, noise, cache, actions, step_noise)
+        if noise.device.type != "cuda":
+            return self._loop(self._compiled(noise.device), noise, cache, actions, step_noise)
+        # reduce-overhead replays CUDA graphs whose outputs live in memory the next replay
+        # reuses: one generation per sampling loop (each step's output feeds the next step
+        # inside it), and the result copied out before a later loop overwrites it
+        torch.compiler.cudagraph_mark_step_begin()
+        return self._loop(self._compiled(noise.device), noise, cache, actions,
+                          step_noise).clone()
 
     def _compiled(self, device: torch.device):
         """``torch.compile`` of one step; on CUDA with ``reduce-overhead`` (its own graphs)."""
         if self._compiled_step is None:
-            if device.type == "cuda":
-                compiled = torch.compile(self._step, mode="reduce-overhead", dynamic=False)
-
-                def step(*args):
-                    torch.compiler.cudagraph_mark_step_begin()
-                    return compiled(*args)
-
-                self._compiled_step = step
-            else:
-                self._compiled_step = torch.compile(self._step, dynamic=False)
+            mode = "reduce-overhead" if device.type == "cuda" else None
+            self._compiled_step = torch.compile(self._step, mode=mode, dynamic=False)
         return self._compiled_step
 
     def _loop(self, step, noise: Tensor, cache: ContextCache, actions: Tensor,
