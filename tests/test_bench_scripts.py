@@ -103,3 +103,9 @@ def test_motion_spread_measures_each_kind(tmp_path):
         assert result[kind]["groups"] == 1 and 0.0 <= result[kind]["if_mean"] <= 1.0
         assert result[kind]["motion_spread"] >= 0.0
     assert len(result["estimator_error_steps"]) == 4
+
+
+def test_render_speed_reports_a_frame_rate(capsys):
+    assert _load("render_speed").main(["--threads", "1", "--frames", "16", "--repeats", "1"]) == 0
+    rate = float(capsys.readouterr().out.split(" frames/s")[0].split()[-1])
+    assert rate > 0
