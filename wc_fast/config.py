@@ -109,6 +109,12 @@ class NFTConfig:
     update: 0.28-0.36 s vs 0.37-0.45 s), after about 2 minutes of compiling in the first
     iterations (the history length changes with the clip index, so there is one recompile);
     the compiled graphs are cached on disk, which cuts that to about 35 s for the next run.
+
+    ``latent_pairing`` (models with motion latents): ``"own"`` trains each kept candidate with
+    the latents it was generated from, written into its training noise as pretraining does;
+    the model then already knows the candidate's motion, and the update has almost no motion
+    to learn. ``"fresh"`` leaves the training noise's own latents, so positives and negatives
+    teach every latent which motions to produce and to avoid.
     """
 
     beta: float = 1.0
@@ -119,6 +125,7 @@ class NFTConfig:
     context_kv: str = "recompute"
     micro_batch: int = 0
     compile: bool = False
+    latent_pairing: str = "own"
 
 
 @dataclass(slots=True)
@@ -428,6 +435,7 @@ def validate(cfg: Config) -> None:
              nf.timestep_fraction)
     _choices("nft.old_prediction", nf.old_prediction, ("old_model", "detached_current"))
     _choices("nft.context_kv", nf.context_kv, ("recompute", "recompute_grad", "reuse"))
+    _choices("nft.latent_pairing", nf.latent_pairing, ("own", "fresh"))
     _require(nf.micro_batch >= 0, "nft.micro_batch", ">= 0 (0 = automatic)", nf.micro_batch)
     _choices("optim.optimizer", op.optimizer, ("muon", "muon_adamw", "adamw"))
     _require(op.lr > 0, "optim.lr", "> 0", op.lr)

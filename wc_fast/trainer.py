@@ -28,7 +28,7 @@ from wc_fast.config import Config
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
 from wc_fast.ema import ema_decay, ema_update
 from wc_fast.models import ContextCache, TinyWorldDiT
-from wc_fast.models.motion_latent import with_latents
+from wc_fast.models.motion_latent import noise_latents, with_latents
 from wc_fast.nft import optimality, select_extremes
 from wc_fast.optim import build_optimizers
 from wc_fast.rewards import interaction_score, load_critic, load_estimator, vq_scores
@@ -234,7 +234,9 @@ class Trainer:
         noise = torch.randn((len(chosen) * k_sig, *x0.shape[1:]), generator=gen,
                             device=self.device)
         motion = None
-        if self.cfg.model.motion_latent:  # each candidate moved as its noise's latents said
+        if self.cfg.model.motion_latent and self.cfg.nft.latent_pairing == "fresh":
+            motion = noise_latents(noise)
+        elif self.cfg.model.motion_latent:  # each candidate moved as its noise's latents said
             motion = group.latents[chosen.to(group.latents.device)].to(self.device)
             motion = motion.repeat_interleave(k_sig, dim=0)
             noise = with_latents(noise, motion)
