@@ -40,8 +40,12 @@ def test_resume_continues_exactly(tmp_path):
     args = [*SMOKE, "--steps", "3", "--out", str(tmp_path), "--train.keep_last", "3"]
     assert main(args) == 0
     uninterrupted = _final_weights(tmp_path)
-    shutil.rmtree(checkpoint.latest(tmp_path))
-    assert main([*args, "--resume"]) == 0
+    damaged = checkpoint.latest(tmp_path) / "state.pt"  # one flipped bit
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 1
+    damaged.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="skipping damaged checkpoint step_00000003"):
+        assert main([*args, "--resume"]) == 0
     _assert_same(uninterrupted, _final_weights(tmp_path))
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [int(r.split('"step": ')[1].split(",")[0]) for r in rows] == [1, 2, 3]

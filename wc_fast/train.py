@@ -91,8 +91,8 @@ def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool) ->
 
 
 def _resume(trainer: Trainer, cfg: config_lib.Config) -> int:
-    ckpt = checkpoint.load(checkpoint.latest(cfg.train.out),
-                           models={"model": trainer.model, "old": trainer.old})
+    ckpt = checkpoint.load_latest_intact(cfg.train.out,
+                                         models={"model": trainer.model, "old": trainer.old})
     diffs = checkpoint.config_mismatch(ckpt.config, config_lib.to_dict(cfg),
                                        ignore=RESUMABLE_CHANGES)
     if diffs:
