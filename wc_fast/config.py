@@ -143,7 +143,12 @@ class EMAConfig:
 
 @dataclass(slots=True)
 class TrainConfig:
-    """Run length, seeds, output and checkpointing."""
+    """Run length, seeds, output and checkpointing.
+
+    ``max_bad_updates``: an update whose loss or gradient holds a NaN or inf is skipped and
+    counted; this many in a row stop the run with an error, after a checkpoint of the last good
+    state.
+    """
 
     steps: int = 100
     seed: int = 0
@@ -157,6 +162,7 @@ class TrainConfig:
     init: str = "base"
     eval_sequences: int = 8
     eval_clips: int = 3
+    max_bad_updates: int = 3
 
 
 @dataclass(slots=True)
@@ -389,6 +395,7 @@ def validate(cfg: Config) -> None:
                         ("reward.vq_stride", rw.vq_stride), ("train.steps", tr.steps),
                         ("train.log_every", tr.log_every), ("train.ckpt_every", tr.ckpt_every),
                         ("train.keep_last", tr.keep_last),
+                        ("train.max_bad_updates", tr.max_bad_updates),
                         ("optim.updates_per_iteration", op.updates_per_iteration)):
         _require(value >= 1, path, "an integer >= 1", value)
     _require(m.resolution % m.patch == 0, "model.resolution",
