@@ -44,7 +44,7 @@ from wc_fast.trainer import NumericalFaultError, Trainer
 RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last", "train.log_every",
                      "train.eval_at_end", "train.device", "train.eval_sequences",
                      "train.eval_clips", "train.steps", "train.max_bad_updates",
-                     "rollout.capture", "nft.micro_batch")
+                     "train.loggers", "rollout.capture", "nft.micro_batch")
 
 
 def initial_model(cfg: config_lib.Config, device: torch.device) -> TinyWorldDiT:
@@ -222,12 +222,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "runs it eagerly)")
     start = _resume(trainer, cfg) if run.resume else 0
     out = Path(cfg.train.out)
-    log = MetricsLog(out / "metrics.jsonl", resume_step=start if run.resume else None) \
-        if info.is_main else None
+    board = out / "tensorboard" if "tensorboard" in cfg.train.loggers else None
+    log = MetricsLog(out / "metrics.jsonl", resume_step=start if run.resume else None,
+                     tensorboard=board) if info.is_main else None
     with StopRequest() as stop:
-        if _loop(trainer, cfg, info, start, log, stop, console):
-            shutdown(info)
-            return EXIT_PREEMPTED
+        preempted = _loop(trainer, cfg, info, start, log, stop, console)
+    if log is not None:
+        log.close()
+    if preempted:
+        shutdown(info)
+        return EXIT_PREEMPTED
     if log is not None and log.rows:
         skipped = sum(r["skipped_groups"] for r in log.rows)
         bad = sum(r.get("skipped_updates", 0) for r in log.rows)
