@@ -120,9 +120,13 @@ def test_crash_mid_write_leaves_no_checkpoint_under_its_name(tmp_path, monkeypat
     with pytest.raises(KeyboardInterrupt):
         _save(tmp_path, 2)
     assert [p.name for p in tmp_path.iterdir()] == ["step_00000001"]
-    # a hard kill leaves its temporary directory behind: it is never taken for a checkpoint
+    # a hard kill leaves its temporary directory behind: it is never taken for a checkpoint,
+    # and the next save removes it
     (tmp_path / ".step_00000002.abc").mkdir()
     assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["step_00000001"]
+    monkeypatch.undo()
+    _save(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001", "step_00000002"]
 
 
 def test_disk_full_keeps_previous_checkpoints_and_says_what_happened(tmp_path, monkeypatch):

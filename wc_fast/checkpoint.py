@@ -36,6 +36,7 @@ from wc_fast.distributed import full_state_dict, load_full_state_dict
 
 PREFIX = "step_"
 _NAME = re.compile(rf"{PREFIX}\d{{8}}")
+_TEMPORARY = re.compile(rf"\.{PREFIX}\d{{8}}\..+")
 _CHUNK = 1 << 20
 
 
@@ -133,6 +134,7 @@ def save(directory: str | os.PathLike, step: int, *,
     """
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
+    _remove_temporaries(root)
     final = root / f"{PREFIX}{step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
@@ -152,6 +154,13 @@ def save(directory: str | os.PathLike, step: int, *,
     for old in list_checkpoints(root)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _remove_temporaries(root: Path) -> None:
+    """Delete temporary directories a killed writer left behind (one writer per directory)."""
+    for path in root.iterdir():
+        if path.is_dir() and _TEMPORARY.fullmatch(path.name):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
