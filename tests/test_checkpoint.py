@@ -166,3 +166,12 @@ def test_malicious_state_runs_nothing_and_fails_clearly(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="refused to unpickle"):
         checkpoint.load(path, models={"model": _model()})
     assert not marker.exists()
+
+
+def test_checkpoint_without_hashes_loads_unverified_with_a_warning(tmp_path):
+    path = _save(tmp_path, 1)
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["files"]  # as written before the hashes were recorded
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.warns(UserWarning, match="records no sha256 hashes"):
+        assert checkpoint.load(path, models={"model": _model()}).step == 1
