@@ -61,6 +61,27 @@ def test_a_nan_gradient_skips_its_update_and_is_counted(tmp_path, monkeypatch):
     assert any(not torch.equal(first[k], second[k]) for k in first)  # the next one updated
 
 
+def _nan_on_rank_one(rank: int, args: list[str]) -> None:
+    """Run ``main(args)`` with a NaN put into rank 1's gradient shard (FSDP2) only."""
+    if rank == 1:
+        real = Trainer._all_reduce_grads
+
+        def poisoned(self):
+            real(self)
+            shards = (p.grad.to_local() for p in self.model.parameters() if p.grad is not None)
+            next(g for g in shards if g.numel()).view(-1)[0] = torch.nan
+
+        Trainer._all_reduce_grads = poisoned
+    assert main(args) == 0
+
+
+def test_a_nan_on_one_fsdp2_rank_skips_the_update_on_every_rank(tmp_path):
+    spawn_ranks(_nan_on_rank_one, ([*SMOKE, "--steps", "1", "--out", str(tmp_path),
+                                    "--train.distributed", "fsdp2"],), tmp_path)
+    assert [r["skipped_updates"] for r in _rows(tmp_path)] == [1]
+    _assert_initial(_weights(tmp_path / "step_00000001"))
+
+
 def test_consecutive_nan_losses_stop_the_run_with_a_checkpoint(tmp_path, monkeypatch):
     real = Trainer._accumulate
 
