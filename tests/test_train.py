@@ -40,8 +40,12 @@ def test_resume_continues_exactly(tmp_path):
     args = [*SMOKE, "--steps", "3", "--out", str(tmp_path), "--train.keep_last", "3"]
     assert main(args) == 0
     uninterrupted = _final_weights(tmp_path)
-    shutil.rmtree(checkpoint.latest(tmp_path))
-    assert main([*args, "--resume"]) == 0
+    damaged = checkpoint.latest(tmp_path) / "state.pt"  # one flipped bit
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 1
+    damaged.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="skipping damaged checkpoint step_00000003"):
+        assert main([*args, "--resume"]) == 0
     _assert_same(uninterrupted, _final_weights(tmp_path))
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [int(r.split('"step": ')[1].split(",")[0]) for r in rows] == [1, 2, 3]
@@ -83,7 +87,9 @@ def test_resume_refuses_another_config_and_damaged_checkpoints(tmp_path):
         main([*SMOKE, "--steps", "2", "--out", str(tmp_path), "--resume", "--nft.beta", "0.5"])
     weights = checkpoint.latest(tmp_path) / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
-    with pytest.raises(checkpoint.CheckpointError, match="corrupt"):
+    with pytest.warns(UserWarning, match="skipping damaged checkpoint step_00000001"), \
+            pytest.raises(checkpoint.CheckpointError,
+                          match="no intact checkpoint.*model.safetensors fails its sha256"):
         main([*SMOKE, "--steps", "2", "--out", str(tmp_path), "--resume"])
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint found"):
         main([*SMOKE, "--steps", "2", "--out", str(tmp_path / "nothing"), "--resume"])

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 PRESETS = ("paper", "official", "cpu", "smoke")
 PREDICTIONS = ("velocity", "x0", "warp")  # what the world model's output head predicts
+LOGGERS = ("jsonl", "tensorboard")  # metric sinks of wc_fast.train
 
 
 @dataclass(slots=True)
@@ -150,7 +151,16 @@ class EMAConfig:
 
 @dataclass(slots=True)
 class TrainConfig:
-    """Run length, seeds, output and checkpointing."""
+    """Run length, seeds, output and checkpointing.
+
+    ``max_bad_updates``: an update whose loss or gradient holds a NaN or inf is skipped and
+    counted; this many in a row stop the run with an error, after a checkpoint of the last good
+    state.
+
+    ``loggers``: where each iteration's metrics go: ``jsonl`` (``metrics.jsonl``, always: resume
+    and the plots read it) and ``tensorboard`` (event files under ``tensorboard/`` in
+    ``train.out``; needs the ``tensorboard`` extra).
+    """
 
     steps: int = 100
     seed: int = 0
@@ -164,6 +174,8 @@ class TrainConfig:
     init: str = "base"
     eval_sequences: int = 8
     eval_clips: int = 3
+    max_bad_updates: int = 3
+    loggers: tuple[str, ...] = ("jsonl",)
 
 
 @dataclass(slots=True)
@@ -307,7 +319,7 @@ def _parse_value(path: str, kind: object, text: str) -> object:
             return kind(text)
         if typing.get_origin(kind) is tuple:
             (item, _) = typing.get_args(kind)
-            return tuple(item(part) for part in text.split(",") if part.strip())
+            return tuple(item(part.strip()) for part in text.split(",") if part.strip())
     except ValueError:
         raise ValueError(f"--{path}: cannot parse {text!r} as {getattr(kind, '__name__', kind)}"
                          ) from None
@@ -358,6 +370,13 @@ def _require(ok: bool, path: str, expected: str, value: object) -> None:
         raise ValueError(f"config {path} must be {expected}, got {value!r}")
 
 
+def _is_item(value: object, kind: object) -> bool:
+    """Whether ``value`` fits the item type of the tuple type ``kind`` (str, or a number)."""
+    if typing.get_args(kind)[0] is str:
+        return isinstance(value, str)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check_types(cfg: Config) -> None:
     for name in SECTIONS:
         section = getattr(cfg, name)
@@ -365,8 +384,7 @@ def _check_types(cfg: Config) -> None:
             value = getattr(section, key)
             path = f"{name}.{key}"
             if typing.get_origin(kind) is tuple:
-                ok = isinstance(value, tuple) and all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+                ok = isinstance(value, tuple) and all(_is_item(v, kind) for v in value)
             elif kind is float:
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
                     and math.isfinite(value)
@@ -396,6 +414,7 @@ def validate(cfg: Config) -> None:
                         ("reward.vq_stride", rw.vq_stride), ("train.steps", tr.steps),
                         ("train.log_every", tr.log_every), ("train.ckpt_every", tr.ckpt_every),
                         ("train.keep_last", tr.keep_last),
+                        ("train.max_bad_updates", tr.max_bad_updates),
                         ("optim.updates_per_iteration", op.updates_per_iteration)):
         _require(value >= 1, path, "an integer >= 1", value)
     _require(m.resolution % m.patch == 0, "model.resolution",
@@ -477,6 +496,9 @@ def validate(cfg: Config) -> None:
     _require(tr.eval_sequences >= 1, "train.eval_sequences", "an integer >= 1",
              tr.eval_sequences)
     _require(tr.eval_clips >= 1, "train.eval_clips", "an integer >= 1", tr.eval_clips)
+    _require("jsonl" in tr.loggers and set(tr.loggers) <= set(LOGGERS)
+             and len(set(tr.loggers)) == len(tr.loggers), "train.loggers",
+             f"distinct names from {LOGGERS} including 'jsonl'", tr.loggers)
 
 
 def describe(cfg: Config) -> str:

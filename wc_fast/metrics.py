@@ -1,4 +1,5 @@
-"""Run outputs: ``metrics.jsonl`` (one row per iteration), the reward-curve PNG, peak FLOP/s."""
+"""Run outputs: ``metrics.jsonl`` (one row per iteration), optional TensorBoard events, the
+reward-curve PNG, peak FLOP/s."""
 
 from __future__ import annotations
 
@@ -9,15 +10,42 @@ from pathlib import Path
 import torch
 
 
-class MetricsLog:
-    """Appends JSON rows; on resume keeps only rows up to the resumed step."""
+class TensorBoardLog:
+    """The numbers of each row as TensorBoard scalars (event files under ``directory``); on
+    resume, events after the resumed step are dropped."""
 
-    def __init__(self, path: str | Path, *, resume_step: int | None = None) -> None:
+    def __init__(self, directory: str | Path, *, resume_step: int | None = None) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise RuntimeError("train.loggers tensorboard needs the tensorboard package: "
+                               "pip install 'wc_fast[tensorboard]'") from exc
+        purge = None if resume_step is None else resume_step + 1
+        self.writer = SummaryWriter(str(directory), purge_step=purge)
+
+    def append(self, row: dict) -> None:
+        for key, value in row.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, global_step=row["step"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class MetricsLog:
+    """Appends JSON rows (and, given ``tensorboard``, their scalars to that directory); on
+    resume keeps only rows up to the resumed step."""
+
+    def __init__(self, path: str | Path, *, resume_step: int | None = None,
+                 tensorboard: str | Path | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         rows = self.read() if resume_step is not None else []
         self.rows = [r for r in rows if r["step"] <= (resume_step or 0)]
         self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        self.board = None if tensorboard is None else TensorBoardLog(tensorboard,
+                                                                     resume_step=resume_step)
 
     def read(self) -> list[dict]:
         if not self.path.is_file():
@@ -28,6 +56,12 @@ class MetricsLog:
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        if self.board is not None:
+            self.board.append(row)
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
 
 
 def _running_mean(values: list[float], window: int) -> list[float]:

@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         optimizer, lambda s: lr_factor(s, pt.warmup))
     start, log = 0, []
     if run.resume:
-        ckpt = checkpoint.load(checkpoint.latest(out), models={"model": model, "ema": ema})
+        ckpt = checkpoint.load_latest_intact(out, models={"model": model, "ema": ema})
         diffs = checkpoint.config_mismatch(ckpt.config, config_lib.to_dict(cfg),
                                            ignore=RESUMABLE_CHANGES)
         if diffs:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from wc_fast import checkpoint
 from wc_fast import config as config_lib
 from wc_fast.cli import parse_run_args
 from wc_fast.distributed import (
+    DistInfo,
     full_state_dict,
     init_from_env,
     load_optimizer_state,
@@ -31,14 +33,17 @@ from wc_fast.distributed import (
 from wc_fast.metrics import MetricsLog, matmul_flops, plot_rewards
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
+from wc_fast.preemption import EXIT_PREEMPTED, StopRequest
 from wc_fast.runtime import resolve_device
 from wc_fast.telemetry import GpuTelemetry
-from wc_fast.trainer import Trainer
+from wc_fast.trainer import NumericalFaultError, Trainer
 
-# fields that may differ between an interrupted run and its resumption
+# fields that may differ between an interrupted run and its resumption (train.steps: a resumed
+# run may be extended, see _schedule_steps)
 RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last", "train.log_every",
                      "train.eval_at_end", "train.device", "train.eval_sequences",
-                     "train.eval_clips", "rollout.capture", "nft.micro_batch")
+                     "train.eval_clips", "train.steps", "train.max_bad_updates",
+                     "train.loggers", "rollout.capture", "nft.micro_batch")
 
 
 def initial_model(cfg: config_lib.Config, device: torch.device) -> TinyWorldDiT:
@@ -69,7 +74,8 @@ def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
     train_s = stats.times.get("train", 0.0)
     row = {"step": stats.step, "clip": stats.clip_index, "if_mean": stats.if_mean,
            "vq_mean": stats.vq_mean, "r_std": stats.r_std, "loss": stats.loss,
-           "skipped_groups": stats.skipped_groups, "ema_decay": stats.ema_decay,
+           "skipped_groups": stats.skipped_groups, "skipped_updates": stats.skipped_updates,
+           "ema_decay": stats.ema_decay,
            **{f"{k}_s": v for k, v in stats.times.items()}, "clips_per_s": stats.clips_per_s,
            "train_tflops": stats.train_flops / max(train_s, 1e-9) / 1e12,
            "mfu": stats.train_flops / max(train_s, 1e-9) / peak,
@@ -78,27 +84,91 @@ def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
     return row
 
 
-def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool) -> None:
-    """Rank 0 writes the checkpoint; under FSDP2 every rank first helps gather it."""
+def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool) -> Path:
+    """Rank 0 writes the checkpoint; under FSDP2 every rank first helps gather it. Returns
+    its path (on every rank)."""
+    path = Path(cfg.train.out) / f"{checkpoint.PREFIX}{step:08d}"
     if not (is_main or trainer.sharded):
-        return
+        return path
     models = {"model": full_state_dict(trainer.model), "old": full_state_dict(trainer.old)}
-    state = {"optimizers": optimizer_state(trainer.model, trainer.optimizers)}
+    state = {"optimizers": optimizer_state(trainer.model, trainer.optimizers),
+             "schedule_steps": trainer.schedule_steps}
     if is_main:
         checkpoint.save(cfg.train.out, step, models=models, config=config_lib.to_dict(cfg),
                         keep_last=cfg.train.keep_last, state=state)
+    return path
+
+
+def _schedule_steps(ckpt: checkpoint.Checkpoint, cfg: config_lib.Config) -> int:
+    """The EMA decay schedule's length for a resumed run: the checkpointed run's, also when
+    ``--steps`` now asks for more (or fewer) iterations, with a warning saying so."""
+    before = int(ckpt.config["train"]["steps"])
+    length = int(ckpt.state.get("schedule_steps", before))
+    if cfg.train.steps < ckpt.step:
+        raise checkpoint.CheckpointError(f"train.steps={cfg.train.steps} is below the step of "
+                                         f"checkpoint {ckpt.path} ({ckpt.step})")
+    if cfg.train.steps != before:
+        how = (f"keeps its original length of {length} iterations (after it the decay stays "
+               f"at ema.end={cfg.ema.end})" if cfg.ema.schedule == "linear"
+               else "does not depend on the run length")
+        warnings.warn(f"train.steps changed from {before} to {cfg.train.steps}: continuing from "
+                      f"step {ckpt.step}; the EMA decay schedule ({cfg.ema.schedule}) {how}",
+                      stacklevel=2)
+    return length
 
 
 def _resume(trainer: Trainer, cfg: config_lib.Config) -> int:
-    ckpt = checkpoint.load(checkpoint.latest(cfg.train.out),
-                           models={"model": trainer.model, "old": trainer.old})
+    ckpt = checkpoint.load_latest_intact(cfg.train.out,
+                                         models={"model": trainer.model, "old": trainer.old})
     diffs = checkpoint.config_mismatch(ckpt.config, config_lib.to_dict(cfg),
                                        ignore=RESUMABLE_CHANGES)
     if diffs:
         raise checkpoint.CheckpointError(f"checkpoint {ckpt.path} was written with another "
                                          "config: " + "; ".join(diffs))
     load_optimizer_state(trainer.model, trainer.optimizers, ckpt.state["optimizers"])
+    trainer.schedule_steps = _schedule_steps(ckpt, cfg)
     return ckpt.step
+
+
+def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
+          log: MetricsLog | None, stop: StopRequest, console: Console) -> bool:
+    """Iterations ``start .. train.steps`` with their checkpoints; returns whether a stop
+    signal ended them early. Raises :class:`NumericalFaultError` after
+    ``train.max_bad_updates`` consecutive skipped updates, once the state is checkpointed."""
+    out = Path(cfg.train.out)
+    telemetry = GpuTelemetry(trainer.device.index or 0)
+    peak = matmul_flops(trainer.device,
+                        torch.float32 if trainer.device.type == "cpu" else torch.bfloat16)
+    bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps,
+               desc="RL", disable=not info.is_main, dynamic_ncols=True)
+    for step in bar:
+        row = _row(trainer.iteration(step), peak, telemetry)
+        bar.set_postfix(clip=row["clip"], IF=f"{row['if_mean']:.3f}",
+                        VQ=f"{row['vq_mean']:.3f}", r_std=f"{row['r_std']:.2f}",
+                        roll=f"{row['rollout_s']:.1f}s", rew=f"{row['reward_s']:.1f}s",
+                        train=f"{row['train_s']:.1f}s", clips_s=f"{row['clips_per_s']:.1f}",
+                        spread=" ".join(f"{v:.1f}" for v in trainer_spread(row)))
+        if log is not None:
+            log.append(row)
+        faulted = trainer.bad_streak >= cfg.train.max_bad_updates
+        stopping = stop.agreed(info.world_size, info.group, trainer.device)
+        if (faulted or stopping or (step + 1) % cfg.train.ckpt_every == 0
+                or step + 1 == cfg.train.steps):
+            path = _save(trainer, cfg, step + 1, info.is_main)
+            if log is not None:
+                plot_rewards(log.rows, out / "rewards.png")
+        if faulted:
+            bar.close()
+            raise NumericalFaultError(
+                f"{trainer.bad_streak} consecutive updates had a NaN or inf loss or gradient "
+                f"(train.max_bad_updates={cfg.train.max_bad_updates}); stopped after iteration "
+                f"{step + 1}. {path} holds the weights of the last good update")
+        if stopping:
+            bar.close()
+            console.print(f"stopped by a signal after iteration {step + 1}: checkpoint {path}; "
+                          "continue with --resume", soft_wrap=True)
+            return True
+    return False
 
 
 def summary(cfg: config_lib.Config, trained: TinyWorldDiT, device: torch.device,
@@ -133,9 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
     console = Console(quiet=not info.is_main)
-    telemetry = GpuTelemetry(device.index or 0)
     console.print(f"wc_fast.train: preset {cfg.preset}, {info.world_size} rank(s) on "
-                  f"{device.type}; {telemetry.status}")
+                  f"{device.type}; {GpuTelemetry(device.index or 0).status}")
     trainer = Trainer(cfg, initial_model(cfg, device), device, rank=info.rank,
                       world_size=info.world_size, process_group=info.group)
     if trainer.compiled:
@@ -144,28 +213,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "runs it eagerly)")
     start = _resume(trainer, cfg) if run.resume else 0
     out = Path(cfg.train.out)
-    log = MetricsLog(out / "metrics.jsonl", resume_step=start if run.resume else None) \
-        if info.is_main else None
-    peak = matmul_flops(device, torch.float32 if device.type == "cpu" else torch.bfloat16)
-    bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps,
-               desc="RL", disable=not info.is_main, dynamic_ncols=True)
-    for step in bar:
-        row = _row(trainer.iteration(step), peak, telemetry)
-        bar.set_postfix(clip=row["clip"], IF=f"{row['if_mean']:.3f}",
-                        VQ=f"{row['vq_mean']:.3f}", r_std=f"{row['r_std']:.2f}",
-                        roll=f"{row['rollout_s']:.1f}s", rew=f"{row['reward_s']:.1f}s",
-                        train=f"{row['train_s']:.1f}s", clips_s=f"{row['clips_per_s']:.1f}",
-                        spread=" ".join(f"{v:.1f}" for v in trainer_spread(row)))
-        if log is not None:
-            log.append(row)
-        if (step + 1) % cfg.train.ckpt_every == 0 or step + 1 == cfg.train.steps:
-            _save(trainer, cfg, step + 1, info.is_main)
-            if log is not None:
-                plot_rewards(log.rows, out / "rewards.png")
+    board = out / "tensorboard" if "tensorboard" in cfg.train.loggers else None
+    log = MetricsLog(out / "metrics.jsonl", resume_step=start if run.resume else None,
+                     tensorboard=board) if info.is_main else None
+    with StopRequest() as stop:
+        preempted = _loop(trainer, cfg, info, start, log, stop, console)
+    if log is not None:
+        log.close()
+    if preempted:
+        shutdown(info)
+        return EXIT_PREEMPTED
     if log is not None and log.rows:
         skipped = sum(r["skipped_groups"] for r in log.rows)
+        bad = sum(r.get("skipped_updates", 0) for r in log.rows)
         console.print(f"done: {len(log.rows)} iterations, {skipped} all-equal groups skipped, "
-                      f"reward curves in {out / 'rewards.png'}")
+                      f"{bad} updates skipped for NaN/inf, reward curves in "
+                      f"{out / 'rewards.png'}")
     if cfg.train.eval_at_end:
         trained = trainer.unsharded_model()
         if trained is not None:
