@@ -31,7 +31,7 @@ def test_official_preset_values():
     assert cfg.reward.trans_thresholds == (0.002, 0.005, 0.01)
     assert cfg.reward.vq_mode == "drift" and cfg.reward.std == "global"
     assert (cfg.optim.optimizer, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.grad_clip) == (
-        "muon_adamw", 1e-5, 1e-4, 2.0)
+        "muon", 1e-5, 1e-4, 2.0)
     assert cfg.ema.schedule == "official" and cfg.nft.loss_space == "x0"
     assert cfg.nft.old_prediction == "old_model"
 
@@ -121,3 +121,15 @@ def test_cli_flags_and_overrides():
         parse_run_args("t", "t", ["--nft.keep", "5"])
     with pytest.raises(SystemExit):
         parse_run_args("t", "t", ["--preset", "huge"])
+
+
+def test_configs_saved_by_earlier_versions_still_load():
+    saved = C.to_dict(C.preset("official"))
+    saved["train"]["log_every"] = 5  # a field that never had an effect, since dropped
+    saved["optim"]["optimizer"] = "muon_adamw"  # the old name of "muon"
+    cfg = C.from_dict(saved)
+    assert cfg.optim.optimizer == "muon"
+    assert C.to_dict(cfg) == C.to_dict(C.preset("official"))
+    saved["train"]["log_every_n"] = 5
+    with pytest.raises(ValueError, match="train.log_every_n"):
+        C.from_dict(saved)

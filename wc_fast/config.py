@@ -131,7 +131,8 @@ class NFTConfig:
 
 @dataclass(slots=True)
 class OptimConfig:
-    """Optimizer: Muon on 2-D weights, AdamW (or Muon-only) for the rest."""
+    """``muon``: Muon on the hidden 2-D weights and AdamW on the rest (embeddings, output
+    heads, norms and biases, which Muon is not meant for); ``adamw``: AdamW on everything."""
 
     optimizer: str = "muon"
     lr: float = 1e-5
@@ -166,7 +167,6 @@ class TrainConfig:
     seed: int = 0
     out: str = "runs/wc_fast"
     device: str = "auto"
-    log_every: int = 1
     ckpt_every: int = 10
     keep_last: int = 2
     distributed: str = "ddp"
@@ -235,7 +235,7 @@ def _official() -> Config:
     cfg.reward.trans_thresholds = (0.002, 0.005, 0.01)
     cfg.reward.vq_mode = "drift"
     cfg.nft.loss_space = "x0"
-    cfg.optim.optimizer = "muon_adamw"
+    cfg.optim.optimizer = "muon"
     cfg.optim.weight_decay = 1e-4
     cfg.optim.grad_clip = 2.0
     cfg.optim.updates_per_iteration = 3
@@ -345,6 +345,12 @@ def to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
+# fields and values that configs saved by earlier versions may hold: dropped (they had no
+# effect) or mapped to their current name
+RETIRED_FIELDS = ("train.log_every",)
+RENAMED_VALUES = {"optim.optimizer": {"muon_adamw": "muon"}}
+
+
 def from_dict(data: dict) -> Config:
     """Inverse of :func:`to_dict`; unknown sections or fields raise ``ValueError``."""
     cfg = Config(preset=data.get("preset", "paper"))
@@ -356,8 +362,13 @@ def from_dict(data: dict) -> Config:
         section = getattr(cfg, name)
         types_ = _section_types(section)
         for key, value in values.items():
+            path = f"{name}.{key}"
+            if path in RETIRED_FIELDS:
+                continue
+            if path in RENAMED_VALUES:
+                value = RENAMED_VALUES[path].get(value, value)
             if key not in types_:
-                raise ValueError(f"unknown config field {name}.{key}")
+                raise ValueError(f"unknown config field {path}")
             if typing.get_origin(types_[key]) is tuple:
                 value = tuple(value)
             setattr(section, key, value)
@@ -412,7 +423,7 @@ def validate(cfg: Config) -> None:
                                                    ro.groups_per_rank),
                         ("rollout.num_clips", ro.num_clips), ("rollout.steps", ro.steps),
                         ("reward.vq_stride", rw.vq_stride), ("train.steps", tr.steps),
-                        ("train.log_every", tr.log_every), ("train.ckpt_every", tr.ckpt_every),
+                        ("train.ckpt_every", tr.ckpt_every),
                         ("train.keep_last", tr.keep_last),
                         ("train.max_bad_updates", tr.max_bad_updates),
                         ("optim.updates_per_iteration", op.updates_per_iteration)):
@@ -456,7 +467,7 @@ def validate(cfg: Config) -> None:
     _choices("nft.context_kv", nf.context_kv, ("recompute", "recompute_grad", "reuse"))
     _choices("nft.latent_pairing", nf.latent_pairing, ("own", "fresh"))
     _require(nf.micro_batch >= 0, "nft.micro_batch", ">= 0 (0 = automatic)", nf.micro_batch)
-    _choices("optim.optimizer", op.optimizer, ("muon", "muon_adamw", "adamw"))
+    _choices("optim.optimizer", op.optimizer, ("muon", "adamw"))
     _require(op.lr > 0, "optim.lr", "> 0", op.lr)
     _require(op.weight_decay >= 0, "optim.weight_decay", ">= 0", op.weight_decay)
     _require(op.grad_clip >= 0, "optim.grad_clip", ">= 0 (0 = off)", op.grad_clip)
@@ -499,15 +510,3 @@ def validate(cfg: Config) -> None:
     _require("jsonl" in tr.loggers and set(tr.loggers) <= set(LOGGERS)
              and len(set(tr.loggers)) == len(tr.loggers), "train.loggers",
              f"distinct names from {LOGGERS} including 'jsonl'", tr.loggers)
-
-
-def describe(cfg: Config) -> str:
-    """One line per section, for logs."""
-    lines = [f"preset: {cfg.preset}"]
-    for name in SECTIONS:
-        section = getattr(cfg, name)
-        values = ", ".join(f"{f.name}={getattr(section, f.name)}"
-                           for f in dataclasses.fields(section))
-        lines.append(f"{name}: {values}")
-    return "\n".join(lines)
-

@@ -124,7 +124,7 @@ class ShardedMuon(GroupedMuon):
 
 def build_optimizers(model: nn.Module, cfg: OptimConfig, *, grouped: bool = True
                      ) -> list[Optimizer]:
-    """``[Muon, AdamW]`` (``muon``, ``muon_adamw``) or ``[AdamW]`` (``adamw``).
+    """``[Muon, AdamW]`` (``muon``) or ``[AdamW]`` (``adamw``).
 
     The Muon is :class:`GroupedMuon` (:class:`ShardedMuon` for DTensor weights); ``grouped=False``
     takes torch's one-matrix-at-a-time ``Muon`` instead, as the official code does.

@@ -40,7 +40,7 @@ from wc_fast.trainer import NumericalFaultError, Trainer
 
 # fields that may differ between an interrupted run and its resumption (train.steps: a resumed
 # run may be extended, see _schedule_steps)
-RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last", "train.log_every",
+RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last",
                      "train.eval_at_end", "train.device", "train.eval_sequences",
                      "train.eval_clips", "train.steps", "train.max_bad_updates",
                      "train.loggers", "rollout.capture", "nft.micro_batch")
