@@ -6,10 +6,10 @@ import torch
 from wc_fast.config import preset
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.motion_latent import noise_latents
-from wc_fast.trainer import Trainer
+from wc_fast.trainer import Trainer, TrainingItems
 
 
-def _items(pairing: str) -> tuple[dict, torch.Tensor, torch.Tensor]:
+def _items(pairing: str) -> tuple[TrainingItems, torch.Tensor, torch.Tensor]:
     cfg = preset("smoke")
     cfg.model.motion_latent = True
     cfg.nft.latent_pairing = pairing
@@ -21,24 +21,24 @@ def _items(pairing: str) -> tuple[dict, torch.Tensor, torch.Tensor]:
     return item, group.latents[chosen].repeat_interleave(2, dim=0), chosen
 
 
-def _noise(item: dict) -> torch.Tensor:
+def _noise(item: TrainingItems) -> torch.Tensor:
     """The training noise behind ``x_t``: ``(x_t - (1 - s) x0) / s`` is ``v* + x0``, so
     ``eps = v* + x0`` with ``x0 = x_t - s v*``."""
-    s = item["sigma"].view(-1, *[1] * (item["x_t"].dim() - 1))
-    return item["v_target"] + item["x_t"] - s * item["v_target"]
+    s = item.sigma.view(-1, *[1] * (item.x_t.dim() - 1))
+    return item.v_target + item.x_t - s * item.v_target
 
 
 def test_own_pairing_trains_each_candidate_with_the_latents_it_was_generated_from():
     item, own, _ = _items("own")
-    torch.testing.assert_close(item["motion"], own)
+    torch.testing.assert_close(item.motion, own)
     torch.testing.assert_close(noise_latents(_noise(item)), own, rtol=1e-5, atol=1e-5)
 
 
 def test_fresh_pairing_trains_with_the_latents_of_the_fresh_training_noise():
     item, own, _ = _items("fresh")
-    torch.testing.assert_close(item["motion"], noise_latents(_noise(item)), rtol=1e-5,
+    torch.testing.assert_close(item.motion, noise_latents(_noise(item)), rtol=1e-5,
                                atol=1e-5)
-    assert not torch.allclose(item["motion"], own)
+    assert not torch.allclose(item.motion, own)
 
 
 def test_unknown_pairing_is_refused():

@@ -79,6 +79,23 @@ def group_prompt(cfg: Config, step: int, group: int, device: torch.device
     return data.frames[:, :1].to(device), data.actions[0].to(device)
 
 
+@dataclass(slots=True)
+class TrainingItems:
+    """One group's kept candidates, noised at several sigmas each: what an update trains on.
+
+    ``N`` = kept candidates x sigmas per candidate; row ``i`` is candidate ``candidate[i]``
+    (an index into the group) at ``sigma[i]``.
+    """
+
+    group: GroupRollout
+    x_t: Tensor  # [N, F, C, H, W] noisy clips
+    v_target: Tensor  # [N, F, C, H, W] eps - x0
+    sigma: Tensor  # [N]
+    r: Tensor  # [N] optimality of the row's candidate
+    candidate: list[int]  # [N] which candidate of the group each row noises
+    motion: Tensor | None  # [N, 3] motion latents the model is given (motion-latent models)
+
+
 class RewardNaNError(ValueError):
     """A reward model returned NaN or inf."""
 
@@ -188,10 +205,10 @@ class Trainer:
         group = self.process_group if self.world_size > 1 else None
         return optimality(s_if, s_vq, lam=lam, Z=rw.Z, std=rw.std, process_group=group)
 
-    def train(self, step: int, groups: list[GroupRollout], r: Tensor, adv: Tensor
-              ) -> tuple[float, int, float, int]:
-        """NFT updates on the kept candidates; returns (mean loss, skipped groups, FLOPs,
-        updates skipped for a NaN or inf loss or gradient)."""
+    def update(self, step: int, groups: list[GroupRollout], r: Tensor, adv: Tensor
+               ) -> tuple[float, int, float, int]:
+        """NFT updates of the current model on the kept candidates; returns (mean loss,
+        skipped groups, FLOPs, updates skipped for a NaN or inf loss or gradient)."""
         nf, c = self.cfg.nft, self.cfg
         # ties at the cut broken at random, per global group (any rank layout draws the same)
         kept = torch.cat([select_extremes(adv[b:b + 1], nf.keep,
@@ -208,7 +225,7 @@ class Trainer:
             batches = [self._items(step, gid, group, r[b], kept[b, chunk], k_sig)
                        for b, (gid, group) in enumerate(zip(self.group_ids(), groups,
                                                             strict=True)) if not flat[b]]
-            total = self._global_sum(float(sum(len(item["r"]) for item in batches)))
+            total = self._global_sum(float(sum(len(item.r) for item in batches)))
             if total == 0:
                 continue
             for opt in self.optimizers:
@@ -229,9 +246,14 @@ class Trainer:
             for opt in self.optimizers:
                 opt.step()
             losses.append(self._global_sum(loss_sum))
-        ema_update(self.old, self.model, self.ema_decay(step))
         loss = sum(losses) / len(losses) if losses else 0.0
         return loss, int(self._global_sum(float(flat.sum()))), flops, bad
+
+    def update_old_model(self, step: int) -> float:
+        """Move the old (rollout) model toward the current one by EMA; returns the decay."""
+        decay = self.ema_decay(step)
+        ema_update(self.old, self.model, decay)
+        return decay
 
     def ema_decay(self, step: int) -> float:
         """The old model's EMA decay at iteration ``step``, over ``schedule_steps``."""
@@ -253,7 +275,7 @@ class Trainer:
     # -- training internals ---------------------------------------------------------------------
 
     def _items(self, step: int, gid: int, group: GroupRollout, r: Tensor, chosen: Tensor,
-               k_sig: int) -> dict:
+               k_sig: int) -> TrainingItems:
         """Noisy clips of the chosen candidates at ``k_sig`` distinct schedule sigmas each."""
         gen = generator(self.cfg.train.seed, step, gid, "noise", *chosen.tolist(),
                         device=self.device)
@@ -272,10 +294,9 @@ class Trainer:
             motion = motion.repeat_interleave(k_sig, dim=0)
             noise = with_latents(noise, motion)
         x_t, v_target = flow_noise(x0, sigmas, noise, check_values=False)
-        owner = chosen.repeat_interleave(k_sig).tolist()
-        return {"group": group, "x_t": x_t, "v_target": v_target, "sigma": sigmas.flatten(),
-                "r": r[chosen].repeat_interleave(k_sig).to(self.device), "owner": owner,
-                "motion": motion}
+        return TrainingItems(group=group, x_t=x_t, v_target=v_target, sigma=sigmas.flatten(),
+                             r=r[chosen].repeat_interleave(k_sig).to(self.device),
+                             candidate=chosen.repeat_interleave(k_sig).tolist(), motion=motion)
 
     def _current_cache(self, group: GroupRollout, row: int, old_cache: ContextCache
                        ) -> tuple[ContextCache, float]:
@@ -291,13 +312,13 @@ class Trainer:
         # with gradient, the backward through the cache costs about twice its forward
         return cache, flops * (3 if mode == "recompute_grad" else 1)
 
-    def _accumulate(self, item: dict, total: float) -> tuple[float, float]:
+    def _accumulate(self, item: TrainingItems, total: float) -> tuple[float, float]:
         """Backward of the item's loss sum / ``total`` in micro-batches over shared caches;
         returns that value (the item's share of the step's mean loss) and the FLOPs."""
         nf = self.cfg.nft
-        group: GroupRollout = item["group"]
+        group = item.group
         shared = len(group.caches) == 1
-        rows = [0] * len(item["owner"]) if shared else item["owner"]
+        rows = [0] * len(item.candidate) if shared else item.candidate
         loss_sum, flops = 0.0, 0.0
         micro = nf.micro_batch or (len(rows) if self.device.type == "cuda" else CPU_MICRO_BATCH)
         for row in sorted(set(rows)):
@@ -315,11 +336,11 @@ class Trainer:
                 flops += f
         return loss_sum, flops
 
-    def _micro_loss(self, item: dict, part: Tensor, actions: Tensor, cache: ContextCache,
+    def _micro_loss(self, item: TrainingItems, part: Tensor, actions: Tensor, cache: ContextCache,
                     old_cache: ContextCache, scale: float) -> tuple[Tensor, float]:
         nf = self.cfg.nft
-        x_t, sigma = item["x_t"][part], item["sigma"][part]
-        motion = None if item["motion"] is None else item["motion"][part]
+        x_t, sigma = item.x_t[part], item.sigma[part]
+        motion = None if item.motion is None else item.motion[part]
         v_theta = self._velocity["model"](x_t, sigma, actions, cache, motion=motion)
         batch_flops = self.model.velocity_flops(len(part), cache.num_tokens)
         if nf.old_prediction == "detached_current":
@@ -328,8 +349,8 @@ class Trainer:
             with torch.no_grad():
                 v_old = self._velocity["old"](x_t, sigma, actions, old_cache, motion=motion)
             flops = 4 * batch_flops
-        loss = nft_loss(v_theta, v_old, item["v_target"][part].to(v_theta.dtype),
-                        item["r"][part], beta=nf.beta, sigma=sigma, space=nf.loss_space,
+        loss = nft_loss(v_theta, v_old, item.v_target[part].to(v_theta.dtype),
+                        item.r[part], beta=nf.beta, sigma=sigma, space=nf.loss_space,
                         reduction="sum", scale=scale, check_values=False)
         return loss, flops
 
@@ -378,14 +399,15 @@ class Trainer:
         r, adv = self.advantages(s_if, s_vq)
         times["reward"] = self._sync_time(t0)
         t0 = time.perf_counter()
-        loss, skipped, flops, bad = self.train(step, groups, r, adv)
+        loss, skipped, flops, bad = self.update(step, groups, r, adv)
+        decay = self.update_old_model(step)
         times["train"] = self._sync_time(t0)
         generated = sum(g.candidates.shape[0] + (clip_index - 1) * g.history.shape[0]
                         for g in groups)
         return IterationStats(step=step + 1, clip_index=clip_index,
                               if_mean=self._global_mean(s_if), vq_mean=self._global_mean(s_vq),
                               r_std=float(r.float().std(dim=1).mean()), loss=loss,
-                              skipped_groups=skipped, ema_decay=self.ema_decay(step),
+                              skipped_groups=skipped, ema_decay=decay,
                               skipped_updates=bad, times=times,
                               clips_per_s=generated / max(times["rollout"], 1e-9),
                               train_flops=flops, motion_spread=spread)
