@@ -23,7 +23,7 @@ import torch
 
 from wc_fast.actions import split_action
 from wc_fast.config import preset
-from wc_fast.eval import load_checkpoint_model
+from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import interaction_score, load_estimator
 from wc_fast.rewards.exploration import (
     camera_motion,

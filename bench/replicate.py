@@ -34,7 +34,8 @@ from motion_spread import measure as measure_spread  # noqa: E402
 
 from wc_fast import checkpoint  # noqa: E402
 from wc_fast.config import preset  # noqa: E402
-from wc_fast.eval import KINDS, EvalSettings, evaluate, load_checkpoint_model  # noqa: E402
+from wc_fast.eval import KINDS, EvalSettings, evaluate  # noqa: E402
+from wc_fast.models.pretrained import load_checkpoint_model  # noqa: E402
 from wc_fast.rewards import load_estimator  # noqa: E402
 from wc_fast.rewards.exploration import camera_motion  # noqa: E402
 

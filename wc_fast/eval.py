@@ -26,14 +26,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 from torch import Tensor
-from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
-from wc_fast import checkpoint
 from wc_fast import config as config_lib
 from wc_fast.actions import describe, num_primitives, split_action
 from wc_fast.models import TinyWorldDiT
-from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
+from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import load_critic, load_estimator, vq_scores
 from wc_fast.rewards.interaction import action_accuracy
 from wc_fast.rollout import generate_history
@@ -66,28 +64,6 @@ class EvalSettings:
                   "trans_thresholds": tuple(cfg.reward.trans_thresholds),
                   "rot_threshold_deg": cfg.reward.rot_threshold_deg}
         return cls(**{**values, **overrides})
-
-
-def load_checkpoint_model(path: str | Path | None, device: torch.device) -> TinyWorldDiT:
-    """The shipped base model (None), an exported ``.safetensors``, or a checkpoint directory:
-    of ``wc_fast.train`` (its current model) or of ``wc_fast.pretrain`` (its EMA weights, which
-    are what pretraining exports)."""
-    if path is None:
-        return load_world_model(BASE_WEIGHTS, device=device)
-    path = Path(path)
-    if path.is_dir():
-        if not (path / "meta.json").is_file():
-            raise FileNotFoundError(f"{path} holds no meta.json: not a wc_fast checkpoint")
-        meta = json.loads((path / "meta.json").read_text())
-        model = TinyWorldDiT(config_lib.from_dict(meta["config"]).model).to(device)
-        if "ema" in meta["models"]:
-            ema = AveragedModel(model, use_buffers=True)
-            checkpoint.load(path, models={"ema": ema}, restore_rng=False)
-            model = ema.module
-        else:
-            checkpoint.load(path, models={"model": model}, restore_rng=False)
-        return model.eval()
-    return load_world_model(path, device=device)
 
 
 def rollout_sequences(model: TinyWorldDiT, prompts: Tensor, actions: Tensor, *, steps: int,

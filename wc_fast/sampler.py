@@ -53,7 +53,7 @@ def sde_step_std(sigma: float, noise_level: float, sigma_max: float) -> float:
 
 
 @dataclass(slots=True)
-class Rollout:
+class SampledClips:
     """Sampled clips ``[G, F, C, H, W]`` and everything needed to replay them exactly."""
 
     clips: Tensor
@@ -86,7 +86,7 @@ class ClipSampler:
 
     def sample(self, cache: ContextCache, actions: Tensor, *, num: int,
                generator: torch.Generator | None = None, noise: Tensor | None = None,
-               step_noise: Tensor | None = None) -> Rollout:
+               step_noise: Tensor | None = None) -> SampledClips:
         """``num`` candidates of one clip; ``actions`` ``[F]`` (shared) or ``[num, F]``.
 
         Initial ``noise`` ``[num, F, C, H, W]`` (and, for ``sde``, ``step_noise``
@@ -105,7 +105,7 @@ class ClipSampler:
                                      device=device)
         with torch.no_grad():
             clips = self._integrate(noise, cache, actions.to(device), step_noise)
-        return Rollout(clips=clips, noise=noise, step_noise=step_noise)
+        return SampledClips(clips=clips, noise=noise, step_noise=step_noise)
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch.optim.swa_utils import AveragedModel
 
-from wc_fast.config import ModelConfig
+from wc_fast import checkpoint
+from wc_fast.config import ModelConfig, from_dict
 from wc_fast.models.tiny_dit import TinyWorldDiT
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -46,3 +48,25 @@ def export_world_model(model: TinyWorldDiT, path: str | Path, card: dict) -> Pat
     path.with_suffix(".json").write_text(json.dumps({**card, "model": asdict(model.cfg)},
                                                     indent=2))
     return path
+
+
+def load_checkpoint_model(path: str | Path | None, device: torch.device) -> TinyWorldDiT:
+    """The shipped base model (None), an exported ``.safetensors``, or a checkpoint directory:
+    of ``wc_fast.train`` (its current model) or of ``wc_fast.pretrain`` (its EMA weights, which
+    are what pretraining exports)."""
+    if path is None:
+        return load_world_model(BASE_WEIGHTS, device=device)
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "meta.json").is_file():
+            raise FileNotFoundError(f"{path} holds no meta.json: not a wc_fast checkpoint")
+        meta = json.loads((path / "meta.json").read_text())
+        model = TinyWorldDiT(from_dict(meta["config"]).model).to(device)
+        if "ema" in meta["models"]:
+            ema = AveragedModel(model, use_buffers=True)
+            checkpoint.load(path, models={"ema": ema}, restore_rng=False)
+            model = ema.module
+        else:
+            checkpoint.load(path, models={"model": model}, restore_rng=False)
+        return model.eval()
+    return load_world_model(path, device=device)
