@@ -16,8 +16,9 @@ class PointMassFlow(nn.Module):
 
     def __init__(self, target: torch.Tensor) -> None:
         super().__init__()
-        self.cfg = CFG
-        self.clip_frames = CFG.clip_frames
+        self.clip_frames = CFG.clip_frames  # the WorldModel protocol, nothing more
+        self.clip_shape = (CFG.clip_frames, CFG.channels, CFG.resolution, CFG.resolution)
+        self.motion_latent = False
         self.target = nn.Parameter(target, requires_grad=False)
 
     def velocity(self, x, sigma, actions, cache):

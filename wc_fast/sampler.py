@@ -113,8 +113,7 @@ class ClipSampler:
         return next(self.model.parameters()).device
 
     def _clip_shape(self, num: int) -> tuple[int, ...]:
-        c = self.model.cfg
-        return (num, c.clip_frames, c.channels, c.resolution, c.resolution)
+        return (num, *self.model.clip_shape)
 
     def _mode(self, device: torch.device) -> str:
         if self.capture == "auto":
@@ -156,7 +155,7 @@ class ClipSampler:
         x = noise.clone()
         num, device = noise.shape[0], noise.device
         # a model with motion latents reads them from each candidate's initial noise
-        motion = noise_latents(noise) if self.model.cfg.motion_latent else None
+        motion = noise_latents(noise) if self.model.motion_latent else None
         for i, (s, s_next) in enumerate(zip(self.sigmas[:-1], self.sigmas[1:], strict=True)):
             stochastic = step_noise is not None and s_next > 0
             std = sde_step_std(s, self.sde_noise, self.sigmas[1]) if stochastic else 0.0

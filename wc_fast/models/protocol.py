@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from torch import Tensor
+from torch import Tensor, nn
 
 
 @dataclass(slots=True)
@@ -42,6 +43,12 @@ class WorldModel(Protocol):
     """
 
     clip_frames: int
+    clip_shape: tuple[int, int, int, int]  # (F, C, H, W) of one clip
+    motion_latent: bool  # velocity() takes motion= latents [B, 3]
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """The model's parameters (their device is where sampling runs)."""
+        ...
 
     def empty_cache(self) -> ContextCache:
         """A cache with no history."""
@@ -52,11 +59,11 @@ class WorldModel(Protocol):
         """Append clean history ``frames`` ``[1, F', C, H, W]`` (seen at noise ``sigma``)."""
         ...
 
-    def velocity(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache
-                 ) -> Tensor:
+    def velocity(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache, *,
+                 motion: Tensor | None = None) -> Tensor:
         """Velocity ``[B, F, C, H, W]`` for ``B`` noisy clips sharing one ``cache``.
 
-        A model whose config sets ``motion_latent`` also takes ``motion=`` latents ``[B, 3]``
+        ``motion``: latents ``[B, 3]``, required by (and only by) a ``motion_latent`` model
         (:mod:`wc_fast.models.motion_latent`); the sampler reads them from the initial noise.
         """
         ...

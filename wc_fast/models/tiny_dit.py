@@ -257,6 +257,17 @@ class TinyWorldDiT(nn.Module):
         c = self.cfg
         return (c.resolution, c.channels, c.patch, c.dim, c.depth, c.heads)
 
+    @property
+    def clip_shape(self) -> tuple[int, int, int, int]:
+        """``(F, C, H, W)`` of one generated clip."""
+        c = self.cfg
+        return (c.clip_frames, c.channels, c.resolution, c.resolution)
+
+    @property
+    def motion_latent(self) -> bool:
+        """Whether :meth:`velocity` takes motion latents (read from each clip's noise)."""
+        return self.cfg.motion_latent
+
     # -- shapes and conditioning ------------------------------------------------------------
 
     def _check_frames(self, name: str, frames: Tensor) -> None:
