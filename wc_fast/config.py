@@ -12,10 +12,33 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
+from typing import Literal
+
+from kernels.nft_loss import SPACES
 
 PRESETS = ("paper", "official", "cpu", "smoke")
-PREDICTIONS = ("velocity", "x0", "warp")  # what the world model's output head predicts
 LOGGERS = ("jsonl", "tensorboard")  # metric sinks of wc_fast.train
+
+# The choices of every string field: the one definition, read by validate() and by the
+# modules that take the same values as arguments (``typing.get_args`` gives the tuple).
+Dtype = Literal["float32", "bfloat16", "float16"]
+Prediction = Literal["velocity", "x0", "warp"]  # what the world model's output head predicts
+RolloutMode = Literal["clip", "sample"]
+Exploration = Literal["noise", "sde"]
+Capture = Literal["auto", "eager", "compile", "cuda_graph"]
+StdMode = Literal["group", "global"]
+RewardKind = Literal["both", "if", "vq"]
+IfKind = Literal["label", "soft"]
+VqMode = Literal["stride", "drift"]
+LossSpace = Literal[SPACES]  # the kernels' own choices (a tuple subscript unpacks)
+OldPrediction = Literal["old_model", "detached_current"]
+ContextKv = Literal["recompute", "recompute_grad", "reuse"]
+LatentPairing = Literal["own", "fresh"]
+Optimizer = Literal["muon", "adamw"]
+EmaSchedule = Literal["linear", "official", "constant"]
+Device = Literal["auto", "cpu", "cuda"]
+Distributed = Literal["ddp", "fsdp2"]
+PREDICTIONS = typing.get_args(Prediction)
 
 
 @dataclass(slots=True)
@@ -53,9 +76,9 @@ class ModelConfig:
     depth: int = 6
     heads: int = 6
     context_sigma: float = 0.014
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     reference_frame: bool = True
-    prediction: str = "velocity"
+    prediction: Prediction = "velocity"
     motion_latent: bool = False
 
 
@@ -72,12 +95,12 @@ class RolloutConfig:
     num_clips: int = 4
     steps: int = 40
     shift: float = 5.0
-    mode: str = "clip"
-    exploration: str = "noise"
+    mode: RolloutMode = "clip"
+    exploration: Exploration = "noise"
     sde_noise: float = 0.7
     composite_fraction: float = 0.5
     composite_keys: tuple[int, ...] = (2, 3, 4)
-    capture: str = "auto"
+    capture: Capture = "auto"
 
 
 @dataclass(slots=True)
@@ -91,13 +114,13 @@ class RewardConfig:
 
     lam: float = 2.0 / 3.0
     Z: float = 2.0
-    std: str = "group"
-    kind: str = "both"
-    if_kind: str = "label"
+    std: StdMode = "group"
+    kind: RewardKind = "both"
+    if_kind: IfKind = "label"
     rot_threshold_deg: float = 1.0
     trans_thresholds: tuple[float, ...] = (0.01, 0.02, 0.03, 0.04, 0.05)
     vq_stride: int = 4
-    vq_mode: str = "stride"
+    vq_mode: VqMode = "stride"
 
 
 @dataclass(slots=True)
@@ -119,14 +142,14 @@ class NFTConfig:
     """
 
     beta: float = 1.0
-    loss_space: str = "velocity"
+    loss_space: LossSpace = "velocity"
     keep: int = 3
     timestep_fraction: float = 0.5
-    old_prediction: str = "old_model"
-    context_kv: str = "recompute"
+    old_prediction: OldPrediction = "old_model"
+    context_kv: ContextKv = "recompute"
     micro_batch: int = 0
     compile: bool = False
-    latent_pairing: str = "own"
+    latent_pairing: LatentPairing = "own"
 
 
 @dataclass(slots=True)
@@ -134,7 +157,7 @@ class OptimConfig:
     """``muon``: Muon on the hidden 2-D weights and AdamW on the rest (embeddings, output
     heads, norms and biases, which Muon is not meant for); ``adamw``: AdamW on everything."""
 
-    optimizer: str = "muon"
+    optimizer: Optimizer = "muon"
     lr: float = 1e-5
     weight_decay: float = 0.0
     grad_clip: float = 0.0
@@ -145,7 +168,7 @@ class OptimConfig:
 class EMAConfig:
     """Old-model EMA decay schedule (see :func:`wc_fast.ema.ema_decay`)."""
 
-    schedule: str = "linear"
+    schedule: EmaSchedule = "linear"
     start: float = 0.4
     end: float = 0.8
 
@@ -166,10 +189,10 @@ class TrainConfig:
     steps: int = 100
     seed: int = 0
     out: str = "runs/wc_fast"
-    device: str = "auto"
+    device: Device = "auto"
     ckpt_every: int = 10
     keep_last: int = 2
-    distributed: str = "ddp"
+    distributed: Distributed = "ddp"
     eval_at_end: bool = True
     init: str = "base"
     eval_sequences: int = 8
@@ -315,8 +338,8 @@ def _parse_value(path: str, kind: object, text: str) -> object:
             if lowered in ("0", "false", "no", "off"):
                 return False
             raise ValueError(text)
-        if kind in (int, float, str):
-            return kind(text)
+        if kind in (int, float, str) or typing.get_origin(kind) is Literal:
+            return text if typing.get_origin(kind) is Literal else kind(text)
         if typing.get_origin(kind) is tuple:
             (item, _) = typing.get_args(kind)
             return tuple(item(part.strip()) for part in text.split(",") if part.strip())
@@ -394,6 +417,9 @@ def _check_types(cfg: Config) -> None:
         for key, kind in _section_types(section).items():
             value = getattr(section, key)
             path = f"{name}.{key}"
+            if typing.get_origin(kind) is Literal:
+                _choices(path, value, typing.get_args(kind))
+                continue
             if typing.get_origin(kind) is tuple:
                 ok = isinstance(value, tuple) and all(_is_item(v, kind) for v in value)
             elif kind is float:
@@ -432,12 +458,8 @@ def validate(cfg: Config) -> None:
              f"a multiple of model.patch={m.patch}", m.resolution)
     _require(m.dim % m.heads == 0, "model.dim", f"a multiple of model.heads={m.heads}", m.dim)
     _require(0.0 <= m.context_sigma < 1.0, "model.context_sigma", "in [0, 1)", m.context_sigma)
-    _choices("model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
-    _choices("model.prediction", m.prediction, PREDICTIONS)
     _require(ro.group_size >= 2, "rollout.group_size", "an integer >= 2", ro.group_size)
     _require(ro.shift > 0, "rollout.shift", "> 0", ro.shift)
-    _choices("rollout.mode", ro.mode, ("clip", "sample"))
-    _choices("rollout.exploration", ro.exploration, ("noise", "sde"))
     _require(0.0 <= ro.sde_noise <= 1.0, "rollout.sde_noise", "in [0, 1]", ro.sde_noise)
     _require(0.0 <= ro.composite_fraction <= 1.0, "rollout.composite_fraction", "in [0, 1]",
              ro.composite_fraction)
@@ -445,33 +467,22 @@ def validate(cfg: Config) -> None:
              and all(isinstance(k, int) for k in ro.composite_keys), "rollout.composite_keys",
              "a non-empty subset of (2, 3, 4)", ro.composite_keys)
 
-    _choices("rollout.capture", ro.capture, ("auto", "eager", "compile", "cuda_graph"))
     _require(0.0 <= rw.lam <= 1.0, "reward.lam", "in [0, 1]", rw.lam)
     _require(rw.Z > 0, "reward.Z", "> 0", rw.Z)
-    _choices("reward.std", rw.std, ("group", "global"))
-    _choices("reward.kind", rw.kind, ("both", "if", "vq"))
-    _choices("reward.if_kind", rw.if_kind, ("label", "soft"))
     _require(rw.rot_threshold_deg >= 0, "reward.rot_threshold_deg", ">= 0",
              rw.rot_threshold_deg)
     _require(len(rw.trans_thresholds) >= 1 and all(t >= 0 for t in rw.trans_thresholds),
              "reward.trans_thresholds", "a non-empty tuple of numbers >= 0",
              rw.trans_thresholds)
-    _choices("reward.vq_mode", rw.vq_mode, ("stride", "drift"))
     _require(nf.beta > 0, "nft.beta", "> 0", nf.beta)
-    _choices("nft.loss_space", nf.loss_space, ("velocity", "x0"))
     _require(nf.keep >= 1 and 2 * nf.keep <= ro.group_size, "nft.keep",
              f"an integer >= 1 with 2*keep <= rollout.group_size={ro.group_size}", nf.keep)
     _require(0.0 < nf.timestep_fraction <= 1.0, "nft.timestep_fraction", "in (0, 1]",
              nf.timestep_fraction)
-    _choices("nft.old_prediction", nf.old_prediction, ("old_model", "detached_current"))
-    _choices("nft.context_kv", nf.context_kv, ("recompute", "recompute_grad", "reuse"))
-    _choices("nft.latent_pairing", nf.latent_pairing, ("own", "fresh"))
     _require(nf.micro_batch >= 0, "nft.micro_batch", ">= 0 (0 = automatic)", nf.micro_batch)
-    _choices("optim.optimizer", op.optimizer, ("muon", "adamw"))
     _require(op.lr > 0, "optim.lr", "> 0", op.lr)
     _require(op.weight_decay >= 0, "optim.weight_decay", ">= 0", op.weight_decay)
     _require(op.grad_clip >= 0, "optim.grad_clip", ">= 0 (0 = off)", op.grad_clip)
-    _choices("ema.schedule", em.schedule, ("linear", "official", "constant"))
     _require(0.0 <= em.start <= 1.0, "ema.start", "in [0, 1]", em.start)
     _require(0.0 <= em.end <= 1.0, "ema.end", "in [0, 1]", em.end)
     pt = cfg.pretrain
@@ -491,8 +502,6 @@ def validate(cfg: Config) -> None:
     _require(0.0 <= pt.composite_fraction <= 1.0, "pretrain.composite_fraction", "in [0, 1]",
              pt.composite_fraction)
     _require(bool(pt.out), "pretrain.out", "a non-empty path", pt.out)
-    _choices("train.device", tr.device, ("auto", "cpu", "cuda"))
-    _choices("train.distributed", tr.distributed, ("ddp", "fsdp2"))
     if tr.distributed == "fsdp2":
         _choices("rollout.capture (with train.distributed fsdp2)", ro.capture,
                  ("auto", "eager"))

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import typing
+
 import torch
 from torch import nn
 
-SCHEDULES = ("linear", "official", "constant")
+from wc_fast.config import EmaSchedule
+
+SCHEDULES = typing.get_args(EmaSchedule)
 
 
 def ema_decay(step: int, total_steps: int, *, start: float = 0.4, end: float = 0.8,

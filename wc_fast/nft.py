@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+import typing
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-STD_MODES = ("group", "global")
+from wc_fast.config import StdMode
+
+STD_MODES = typing.get_args(StdMode)
 ADVANTAGE_EPS = 1e-8
 
 

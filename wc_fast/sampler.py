@@ -14,16 +14,18 @@ with static buffers and replayed). ``auto`` picks ``cuda_graph`` on CUDA and ``e
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from wc_fast.config import Capture, Exploration
 from wc_fast.models.motion_latent import noise_latents
 from wc_fast.models.protocol import ContextCache, WorldModel
 
-CAPTURE_MODES = ("auto", "eager", "compile", "cuda_graph")
-EXPLORATION_MODES = ("noise", "sde")
+CAPTURE_MODES = typing.get_args(Capture)
+EXPLORATION_MODES = typing.get_args(Exploration)
 
 
 def sigma_schedule(steps: int = 40, shift: float = 5.0) -> Tensor:

@@ -7,17 +7,19 @@ loop).
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from wc_fast.actions import split_action
+from wc_fast.config import VqMode
 from wc_fast.rewards.critic import VisualQualityScorer
 from wc_fast.rewards.estimators import CameraEstimator
 from wc_fast.rewards.interaction import interaction_score
 
-VQ_MODES = ("stride", "drift")
+VQ_MODES = typing.get_args(VqMode)
 
 
 def _check_frames(frames: Tensor) -> None:
