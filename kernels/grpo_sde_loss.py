@@ -12,7 +12,7 @@ from kernels import _checks, reference
 from kernels._backend import resolve
 from kernels.reference import compute_dtype
 
-IMPLEMENTED = ("reference", "triton")
+IMPLEMENTED = ("reference", "triton", "native")
 LOG_SQRT_2PI = math.log(math.sqrt(2.0 * math.pi))
 
 
@@ -83,9 +83,9 @@ def _step_coefficients(sigma: Tensor, sigma_next: Tensor, noise_level: float,
 
 
 def _fused_stats(model_output, sample, prev_sample, sigma, sigma_next, ref_output,
-                 noise_level, sigma_max) -> tuple[Tensor, Tensor]:
-    """``log_prob [B]`` and ``kl [B]`` from one fused pass over the rows (``kl`` zero without
-    ``ref_output``)."""
+                 noise_level, sigma_max, backend) -> tuple[Tensor, Tensor]:
+    """``log_prob [B]`` and ``kl [B]`` from one fused pass of ``backend`` ("triton" or
+    "native") over the rows (``kl`` zero without ``ref_output``)."""
     from kernels import _ops
 
     acc = compute_dtype(model_output.dtype)
@@ -93,9 +93,9 @@ def _fused_stats(model_output, sample, prev_sample, sigma, sigma_next, ref_outpu
     d = model_output[0].numel()
     std, neg_dt, coef = _step_coefficients(sigma, sigma_next, noise_level, sigma_max, acc)
     ref = None if ref_output is None else ref_output.detach().reshape(b, -1)
-    sums = _ops.GRPO_OPS[_ops.SDE_SUMS](model_output.reshape(b, -1),
-                                        sample.detach().reshape(b, -1),
-                                        prev_sample.detach().reshape(b, -1), ref, coef)
+    op = _ops.op_for(_ops.SDE_SUMS, backend, model_output.device, _ops.GRPO_OPS)
+    sums = op(model_output.reshape(b, -1), sample.detach().reshape(b, -1),
+              prev_sample.detach().reshape(b, -1), ref, coef)
     var = std * std
     log_prob = (-sums[:, 0] / (2.0 * d * var * neg_dt) - torch.log(std * torch.sqrt(neg_dt))
                 - LOG_SQRT_2PI)
@@ -114,7 +114,8 @@ def sde_log_prob(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigm
     gradcheck); ``sigma, sigma_next`` ``[B]`` with ``0 <= sigma_next < sigma <= 1``;
     ``sigma_max`` (the schedule's second sigma) replaces ``sigma`` in the std's denominator
     where ``sigma == 1`` and is required there. Returns fp32 (fp64 for fp64 inputs);
-    differentiable in ``model_output`` only. ``backend="triton"`` reads the rows once.
+    differentiable in ``model_output`` only. ``backend="triton"`` / ``"native"`` read the rows
+    once.
     """
     _check_step(model_output, sample, prev_sample, sigma, sigma_next, noise_level, sigma_max)
     chosen = resolve("sde_log_prob", backend, model_output.device, IMPLEMENTED)
@@ -123,7 +124,7 @@ def sde_log_prob(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigm
                                       sigma_next.detach(), noise_level=float(noise_level),
                                       sigma_max=sigma_max)
     log_prob, _ = _fused_stats(model_output, sample, prev_sample, sigma, sigma_next, None,
-                               float(noise_level), sigma_max)
+                               float(noise_level), sigma_max, chosen)
     return log_prob
 
 
@@ -151,7 +152,7 @@ def grpo_sde_loss(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sig
     is non-zero). Returns the scalar loss (fp32, fp64 for fp64 inputs); with
     ``return_stats=True`` also the detached ``log_prob [B]`` and ``kl [B]`` (zeros without
     ``ref_output``) for logging. Only ``model_output`` receives a gradient.
-    ``backend="triton"`` reads the rows once forward and once backward.
+    ``backend="triton"`` / ``"native"`` read the rows once forward and once backward.
     """
     _check_step(model_output, sample, prev_sample, sigma, sigma_next, noise_level, sigma_max)
     _check_rows("old_log_prob", old_log_prob, model_output, "the sampler's log-probability")
@@ -173,7 +174,7 @@ def grpo_sde_loss(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sig
             sigma_max=sigma_max, ref_output=ref_output, kl_beta=float(kl_beta))
     else:
         log_prob, kl = _fused_stats(model_output, sample, prev_sample, sigma, sigma_next,
-                                    ref_output, float(noise_level), sigma_max)
+                                    ref_output, float(noise_level), sigma_max, chosen)
         loss = _ppo_loss(log_prob, kl, old_log_prob, advantage, float(clip_range),
                          float(adv_clip_max), float(kl_beta))
     return (loss, log_prob.detach(), kl.detach()) if return_stats else loss

@@ -1,6 +1,7 @@
-"""The fused GRPO SDE loss: Triton (interpreter on CPU) against autograd of the float64
-reference, torch.library registration (opcheck, gradcheck, torch.compile) and the public
-functions' argument checks. Output buffers are NaN-poisoned so an unwritten element shows."""
+"""The fused GRPO SDE loss: Triton (interpreter on CPU) and the native kernel (when built)
+against autograd of the float64 reference, torch.library registration (opcheck, gradcheck,
+torch.compile) and the public functions' argument checks. Output buffers are NaN-poisoned so
+an unwritten element shows."""
 
 import os
 import subprocess
@@ -11,10 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import _ops, _triton, grpo_sde_loss, reference, sde_log_prob
+from kernels import _backend, _ops, _triton, grpo_sde_loss, reference, sde_log_prob
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = pytest.mark.gpu
+NATIVE = _backend.native_built()
+FUSED = ["triton"] + (["native"] if NATIVE else [])
+FORWARD_OPS = [n for n in (_ops.SDE_SUMS, _ops.SDE_SUMS + _ops.TRITON_TWIN) if n in _ops.GRPO_OPS]
 KW = {"noise_level": 0.7, "clip_range": 0.2, "adv_clip_max": 2.0, "sigma_max": 0.98}
 STEP_KW = {"noise_level": 0.7, "sigma_max": 0.98}
 SHAPES = [(1, 37), (5, 37), (1, 1000), (5, 1000), (2, 70001), (3, 4, 5, 7)]  # [B, ...]
@@ -22,9 +26,16 @@ SHAPES = [(1, 37), (5, 37), (1, 1000), (5, 1000), (2, 70001), (3, 4, 5, 7)]  # [
 
 @pytest.fixture(autouse=True)
 def poison_outputs():
-    _triton.set_poison_outputs(True)
+    hooks = [_triton.set_poison_outputs]
+    if NATIVE:
+        from kernels import _native
+
+        hooks.append(_native.set_poison_outputs)
+    for hook in hooks:
+        hook(True)
     yield
-    _triton.set_poison_outputs(False)
+    for hook in hooks:
+        hook(False)
 
 
 def _inputs(shape, dtype=torch.float32, seed=0, with_ref=True):
@@ -65,11 +76,12 @@ def _tolerances(dtype):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("kl_beta", [0.0, 0.3])
-def test_triton_matches_reference(shape, dtype, kl_beta):
+@pytest.mark.parametrize("backend", FUSED)
+def test_fused_matches_reference(shape, dtype, kl_beta, backend):
     m, x, prev, sigma, sigma_next, old, adv, ref = _inputs(shape, dtype, with_ref=kl_beta > 0)
     leaf = m.clone().requires_grad_()
     loss, lp, kl = grpo_sde_loss(leaf, x, prev, sigma, sigma_next, old, adv, ref_output=ref,
-                                 kl_beta=kl_beta, return_stats=True, backend="triton", **KW)
+                                 kl_beta=kl_beta, return_stats=True, backend=backend, **KW)
     loss.backward()
     want_loss, want_lp, want_kl, want_grad = _reference_grad(m, x, prev, sigma, sigma_next,
                                                              old, adv, ref, kl_beta)
@@ -86,10 +98,11 @@ def test_triton_matches_reference(shape, dtype, kl_beta):
 
 
 @pytest.mark.parametrize("shape", [(1, 37), (5, 1000)], ids=str)
-def test_sde_log_prob_matches_reference_with_gradient(shape):
+@pytest.mark.parametrize("backend", FUSED)
+def test_sde_log_prob_matches_reference_with_gradient(shape, backend):
     m, x, prev, sigma, sigma_next, *_ = _inputs(shape)
     leaf = m.clone().requires_grad_()
-    lp = sde_log_prob(leaf, x, prev, sigma, sigma_next, backend="triton", **STEP_KW)
+    lp = sde_log_prob(leaf, x, prev, sigma, sigma_next, backend=backend, **STEP_KW)
     weights = torch.linspace(-1.0, 2.0, shape[0])
     (lp * weights).sum().backward()
     ref_leaf = m.double().requires_grad_()
@@ -102,7 +115,7 @@ def test_sde_log_prob_matches_reference_with_gradient(shape):
 
 def test_stats_are_detached_and_kl_is_zero_without_ref():
     m, x, prev, sigma, sigma_next, old, adv, _ = _inputs((3, 16), with_ref=False)
-    for backend in ("reference", "triton"):
+    for backend in ("reference", *FUSED):
         loss, lp, kl = grpo_sde_loss(m.clone().requires_grad_(), x, prev, sigma, sigma_next,
                                      old, adv, return_stats=True, backend=backend, **KW)
         assert loss.requires_grad and not lp.requires_grad and not kl.requires_grad
@@ -118,25 +131,37 @@ def _sums_args(b=3, d=20, dtype=torch.float32, with_ref=True, device="cpu"):
     return m.requires_grad_(), x, p, r if with_ref else None, coef
 
 
+def test_registration_table():
+    cpu = torch.device("cpu")
+    if NATIVE:
+        assert _ops.op_for(_ops.SDE_SUMS, "native", cpu, _ops.GRPO_OPS) is \
+            _ops.GRPO_OPS[_ops.SDE_SUMS]
+    assert _ops.op_for(_ops.SDE_SUMS, "triton", cpu, _ops.GRPO_OPS) is \
+        _ops.GRPO_OPS[_ops.SDE_SUMS + _ops.TRITON_TWIN]
+    assert torch.ops.wc_fast.sde_residual_sums.default._schema.arguments[3].type.str() == \
+        "Tensor?"
+
+
+@pytest.mark.parametrize("name", FORWARD_OPS)
 @pytest.mark.parametrize("with_ref", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
-def test_opcheck(with_ref, dtype):
-    torch.library.opcheck(_ops.GRPO_OPS[_ops.SDE_SUMS], _sums_args(dtype=dtype,
-                                                                   with_ref=with_ref))
+def test_opcheck(name, with_ref, dtype):
+    torch.library.opcheck(_ops.GRPO_OPS[name], _sums_args(dtype=dtype, with_ref=with_ref))
     m, x, p, r, coef = _sums_args(dtype=dtype, with_ref=with_ref)
     weights = torch.randn(3, 2, dtype=coef.dtype)
-    torch.library.opcheck(_ops.GRPO_OPS[_ops.SDE_SUMS_BWD],
-                          (weights, m.detach(), x, p, r, coef))
+    backward = name.replace(_ops.SDE_SUMS, _ops.SDE_SUMS_BWD)
+    torch.library.opcheck(_ops.GRPO_OPS[backward], (weights, m.detach(), x, p, r, coef))
 
 
+@pytest.mark.parametrize("name", FORWARD_OPS)
 @pytest.mark.parametrize("with_ref", [True, False])
-def test_gradcheck_float64(with_ref):
-    op = _ops.GRPO_OPS[_ops.SDE_SUMS]
+def test_gradcheck_float64(name, with_ref):
+    op = _ops.GRPO_OPS[name]
     m, x, p, r, coef = _sums_args(b=2, d=3, dtype=torch.float64, with_ref=with_ref)
     assert torch.autograd.gradcheck(lambda v: op(v, x, p, r, coef), (m,))
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ["reference", *FUSED])
 def test_compile_fullgraph_matches_eager(backend):
     m, x, prev, sigma, sigma_next, old, adv, ref = _inputs((4, 3, 11))
 
@@ -169,7 +194,8 @@ def kernels_in(op, args):
 
 m, x, p, r = (torch.randn(3, 40) for _ in range(4))
 coef = torch.randn(3, 2)
-sums, bwd = _ops.GRPO_OPS[_ops.SDE_SUMS], _ops.GRPO_OPS[_ops.SDE_SUMS_BWD]
+sums = _ops.GRPO_OPS[_ops.SDE_SUMS + _ops.TRITON_TWIN]
+bwd = _ops.GRPO_OPS[_ops.SDE_SUMS_BWD + _ops.TRITON_TWIN]
 print("sums", kernels_in(sums, (m, x, p, r, coef)))
 print("sums_no_ref", kernels_in(lambda m, x, p, c: sums(m, x, p, None, c), (m, x, p, coef)))
 print("bwd", kernels_in(bwd, (coef, m, x, p, r, coef)))
@@ -177,7 +203,7 @@ print("bwd", kernels_in(bwd, (coef, m, x, p, r, coef)))
 
 
 def test_triton_op_traces_without_interpreter():
-    """Without TRITON_INTERPRET the ops are triton_ops whose Triton kernel functionalization
+    """Without TRITON_INTERPRET the Triton twins are triton_ops whose kernel functionalization
     exposes (what Inductor compiles on a GPU); tracing needs no driver."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -217,7 +243,7 @@ def _call(**overrides):
     ({"clip_range": float("nan")}, TypeError, "clip_range"),
     ({"adv_clip_max": -1.0}, ValueError, "adv_clip_max"),
     ({"kl_beta": 0.1}, ValueError, "ref_output"),
-    ({"backend": "native"}, ValueError, "no 'native' backend"),
+    ({"backend": "split"}, ValueError, "no 'split' backend"),
 ])
 def test_bad_arguments_are_refused(overrides, error, match):
     with pytest.raises(error, match=match):
