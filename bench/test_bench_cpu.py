@@ -5,9 +5,9 @@ Every contender produces the same results: the NFT loss under one reduction and 
 with respect to ``v_theta`` through autograd (fp32, 16M elements per call; the ``native``
 entry is the bare extension call, per-sample loss and gradient), or ``flow_noise``'s two
 outputs, or the GRPO SDE loss (with a reference output and KL term) and its gradient with
-respect to ``model_output`` (fp32, 8M elements per tensor). The public and native entries record their speedups over the eager and compiled
-entries of the same group in ``extra_info`` (see ``--benchmark-json``). torch.compile is warmed
-up before timing.
+respect to ``model_output`` (fp32, 8M elements per tensor). The public and native entries
+record their speedups over the eager and compiled entries of the same group in ``extra_info``
+(see ``--benchmark-json``). torch.compile is warmed up before timing.
 """
 
 from __future__ import annotations

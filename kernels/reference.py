@@ -136,7 +136,7 @@ def sde_log_prob(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigm
     acc = compute_dtype(model_output.dtype)
     b = model_output.shape[0]
     std = sde_std(sigma.to(acc), noise_level, sigma_max)
-    neg_dt = (sigma.to(acc) - sigma_next.to(acc))
+    neg_dt = sigma.to(acc) - sigma_next.to(acc)
     mean = sde_step_mean(model_output, sample.detach(), sigma, sigma_next, std)
     view = (-1,) + (1,) * (model_output.dim() - 1)
     var = (std**2 * neg_dt).view(view)

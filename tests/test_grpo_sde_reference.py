@@ -24,7 +24,8 @@ def _literal(m, x, prev, sigma, sigma_next, old_lp, adv, ref, kl_beta, sigma_max
         refs = ref[b].flatten().tolist() if ref is not None else None
         lp_sum = kl_sum = 0.0
         for i, (mo, sa, pr) in enumerate(zip(*elems, strict=True)):
-            mean = sa * (1 + std**2 / (2 * sig) * dt) + mo * (1 + std**2 * (1 - sig) / (2 * sig)) * dt
+            mean = (sa * (1 + std**2 / (2 * sig) * dt)
+                    + mo * (1 + std**2 * (1 - sig) / (2 * sig)) * dt)
             lp_sum += (-(pr - mean) ** 2 / (2 * std**2 * (-dt)) - math.log(std * math.sqrt(-dt))
                        - math.log(math.sqrt(2 * math.pi)))
             if refs is not None:
@@ -39,7 +40,8 @@ def _literal(m, x, prev, sigma, sigma_next, old_lp, adv, ref, kl_beta, sigma_max
         log_probs.append(log_prob)
         kls.append(kl_sum / n / (2 * std**2))
     loss = sum(losses) / len(losses) + kl_beta * sum(kls) / len(kls)
-    return loss, torch.tensor(log_probs, dtype=torch.float64), torch.tensor(kls, dtype=torch.float64)
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.float64)
+    return loss, as_tensor(log_probs), as_tensor(kls)
 
 
 def _case(with_ref):
