@@ -31,8 +31,8 @@ def _check_rows(name: str, t: object, model_output: Tensor, what: str) -> None:
     _checks.check_device(name, t, "model_output", model_output)
 
 
-def _check_step(model_output, sample, prev_sample, sigma, sigma_next, noise_level,
-                sigma_max) -> None:
+def _check_step(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigma: Tensor,
+                sigma_next: Tensor, noise_level: float, sigma_max: float | None) -> None:
     """The SDE step's arguments (shared by both public functions)."""
     _checks.check_tensor("model_output", model_output, min_dim=1)
     if model_output.shape[0] == 0 or model_output[0].numel() == 0:
@@ -82,8 +82,9 @@ def _step_coefficients(sigma: Tensor, sigma_next: Tensor, noise_level: float,
     return std, -dt, torch.stack([a, c], dim=1)
 
 
-def _fused_stats(model_output, sample, prev_sample, sigma, sigma_next, ref_output,
-                 noise_level, sigma_max, backend) -> tuple[Tensor, Tensor]:
+def _fused_stats(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigma: Tensor,
+                 sigma_next: Tensor, ref_output: Tensor | None, noise_level: float,
+                 sigma_max: float | None, backend: str) -> tuple[Tensor, Tensor]:
     """``log_prob [B]`` and ``kl [B]`` from one fused pass of ``backend`` ("triton" or
     "native") over the rows (``kl`` zero without ``ref_output``)."""
     from kernels import _ops
