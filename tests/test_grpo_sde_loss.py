@@ -242,6 +242,18 @@ def test_native_every_instruction_set_matches_triton(dtype, cols):
         _native.set_isa(default)
 
 
+@pytest.mark.skipif(not NATIVE, reason="the native extension is not built")
+def test_native_only_registration_without_triton(monkeypatch):
+    """Without triton installed the ops are plain CPU custom ops over the native kernels."""
+    monkeypatch.setattr(_ops, "HAVE_TRITON", False)
+    monkeypatch.setattr(_ops, "GRPO_OPS", {})
+    _ops._define_grpo("_native_only_test", native=True)
+    op = _ops.GRPO_OPS[_ops.SDE_SUMS + "_native_only_test"]
+    torch.library.opcheck(op, _sums_args())
+    m, x, p, r, coef = _sums_args(b=2, d=3, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda v: op(v, x, p, r, coef), (m,))
+
+
 def _call(**overrides):
     m, x, prev, sigma, sigma_next, old, adv, ref = _inputs((3, 8))
     args = {"model_output": m, "sample": x, "prev_sample": prev, "sigma": sigma,
