@@ -4,9 +4,10 @@ Run with ``pytest --benchmark-only bench/test_bench_cpu.py --benchmark-group-by=
 Every contender produces the same results: the NFT loss under one reduction and its gradient
 with respect to ``v_theta`` through autograd (fp32, 16M elements per call; the ``native``
 entry is the bare extension call, per-sample loss and gradient), or ``flow_noise``'s two
-outputs. The public and native entries record their speedups over the eager and compiled
-entries of the same group in ``extra_info`` (see ``--benchmark-json``). torch.compile is warmed
-up before timing.
+outputs, or the GRPO SDE loss (with a reference output and KL term) and its gradient with
+respect to ``model_output`` (fp32, 8M elements per tensor). The public and native entries
+record their speedups over the eager and compiled entries of the same group in ``extra_info``
+(see ``--benchmark-json``). torch.compile is warmed up before timing.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ REDUCTIONS = ("mean", "sum", "none")
 # "native" (last: it reads the others' times) calls the extension directly.
 CONTENDERS = ("eager", "compile", "public", "native")
 FLOW_SHAPE = (6, 20, 16 * 4 * 16 * 16)  # S, K, D: 6 clean latents at 20 sigmas, 2M outputs
+GRPO_SHAPE = (8, 1 << 20)  # 8 samples of 1M latent elements
+GRPO_KW = {"noise_level": 0.7, "clip_range": 0.2, "adv_clip_max": 5.0, "sigma_max": 0.98,
+           "kl_beta": 0.04}
 
 # Median seconds of every finished benchmark, by (group, contender).
 _MEDIANS: dict[tuple[str, str], float] = {}
@@ -129,4 +133,56 @@ def test_flow_noise(benchmark, flow_inputs, contender):
           "native": native.flow_noise}[contender]
     fn(*flow_inputs)  # warm-up outside the timed region
     benchmark.pedantic(fn, args=flow_inputs, rounds=30, warmup_rounds=2)
+    _record(benchmark, group, contender)
+
+
+@pytest.fixture(scope="module")
+def grpo_inputs():
+    b, d = GRPO_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    make = lambda: torch.randn(b, d, generator=gen)
+    model_output, sample, ref_output = make(), make(), make()
+    sigma = torch.linspace(1.0, 0.2, b)
+    sigma_next = sigma - 0.05
+    prev_sample = sample - 0.05 * model_output + 0.1 * make()
+    old_log_prob = reference.sde_log_prob(model_output, sample, prev_sample, sigma, sigma_next,
+                                          noise_level=0.7, sigma_max=0.98)
+    old_log_prob = old_log_prob + 0.1 * torch.randn(b, generator=gen)
+    return (model_output, sample, prev_sample, sigma, sigma_next, old_log_prob,
+            torch.randn(b, generator=gen), ref_output)
+
+
+def _grpo_callable(contender: str, inputs: tuple):
+    """The loss and its gradient w.r.t. model_output through autograd."""
+    model_output, *rest, ref_output = inputs
+    if contender == "public":
+        from kernels import grpo_sde_loss
+
+        loss_fn = lambda *a, **kw: grpo_sde_loss(*a, **kw, backend="native")
+    else:
+        loss_fn = lambda *a, **kw: reference.grpo_sde_loss(*a, **kw)[0]
+        if contender == "compile":
+            loss_fn = torch.compile(loss_fn, dynamic=False)
+
+    def run():
+        leaf = model_output.detach().requires_grad_()
+        loss = loss_fn(leaf, *rest, ref_output=ref_output, **GRPO_KW)
+        (grad,) = torch.autograd.grad(loss, leaf)
+        return loss.detach(), grad
+
+    return run
+
+
+@pytest.mark.parametrize("contender", ("eager", "compile", "public"))
+def test_grpo_sde_loss_and_grad(benchmark, grpo_inputs, contender):
+    b, d = GRPO_SHAPE
+    group = f"grpo_sde_loss+grad fp32 {b}x{d} with ref"
+    benchmark.group = group
+    fn = _grpo_callable(contender, grpo_inputs)
+    result = fn()  # warm-up outside the timed region (compiles the torch.compile contender)
+    if contender != "eager":  # agree with eager before being timed
+        want = _grpo_callable("eager", grpo_inputs)()
+        for got, expected in zip(result, want, strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+    benchmark.pedantic(fn, rounds=10, warmup_rounds=1)
     _record(benchmark, group, contender)

@@ -2,6 +2,10 @@
 //   nft_loss_fwd(v_theta, v_old, v_target, r, sigma_or_None, beta, x0, grad_scale)
 //     -> (loss [B], grad_scale * dloss/dv_theta [B, D])
 //   flow_noise(x0 [S, D], sigmas [S, K], noise [S*K, D]) -> (x_t, v_target) [S*K, D]
+//   sde_residual_sums(model_output, sample, prev_sample, ref_output_or_None, coef [B, 2])
+//     -> [B, 2]: sum((prev_sample - a sample - c model_output)^2), sum((model_output - ref)^2)
+//   sde_residual_sums_bwd(weights [B, 2], model_output, sample, prev_sample, ref_or_None, coef)
+//     -> w1 * residual + w2 * (model_output - ref) [B, D]  (kernels/_triton/grpo_sde_loss.py)
 // The math is docs/design.md section 7 and kernels/reference.py; this file holds the argument
 // checks, the work split over threads and the pybind11 bindings. The vectorized inner loops
 // are in simd_kernels.h, compiled here once per instruction set (see "Instruction sets").
@@ -149,12 +153,15 @@ struct Kernels {
   void (*abs_sums)(const T*, const T*, const T*, int64_t, A, double*);
   void (*square_sums_grad)(const T*, const T*, const T*, T*, int64_t, A, A, A, double*);
   void (*flow_noise_segment)(const T*, const A*, int64_t, const T*, T*, T*, int64_t, int64_t);
+  void (*sde_sums)(const T*, const T*, const T*, const T*, int64_t, A, A, double*);
+  void (*sde_grad)(const T*, const T*, const T*, const T*, T*, int64_t, A, A, A, A);
 };
 
 // The kernels of instruction-set namespace `ns`.
 #define WC_KERNELS(ns)                                                                   \
   Kernels<T, A> {                                                                        \
-    ns::nft_abs_sums<T, A>, ns::nft_square_sums_grad<T, A>, ns::flow_noise_segment<T, A> \
+    ns::nft_abs_sums<T, A>, ns::nft_square_sums_grad<T, A>, ns::flow_noise_segment<T, A>, \
+        ns::sde_sums<T, A>, ns::sde_grad<T, A>                                            \
   }
 
 template <class T, class A>
@@ -473,13 +480,122 @@ std::tuple<at::Tensor, at::Tensor> flow_noise(const at::Tensor& x0, const at::Te
   return {x_t, v_target};
 }
 
+// ---- GRPO SDE loss: per-row residual sums, and their gradient (two passes; see
+// kernels/_triton/grpo_sde_loss.py for why).
+
+struct SdeInputs {
+  at::Tensor m, x, p;
+  std::optional<at::Tensor> ref;
+  at::Tensor coef;  // [B, 2] in the accumulation type
+};
+
+SdeInputs checked_sde_inputs(const char* op, const at::Tensor& m, const at::Tensor& x,
+                             const at::Tensor& p, const std::optional<at::Tensor>& ref,
+                             const at::Tensor& coef) {
+  check_float_matrix(op, "model_output", m);
+  check_same(op, "sample", x, "model_output", m);
+  check_same(op, "prev_sample", p, "model_output", m);
+  if (ref) check_same(op, "ref_output", *ref, "model_output", m);
+  const at::Tensor k = checked_params(op, "coef", coef, {m.size(0), 2}, acc_type(m.scalar_type()));
+  return {m, x, p, ref, k};
+}
+
+template <class T, class A>
+void sde_sums_typed(const SdeInputs& in, at::Tensor& sums) {
+  const Kernels<T, A> k = kernels<T, A>();
+  const RowChunks rc(in.m.size(0), in.m.size(1), kChunk);
+  const T* m = in.m.const_data_ptr<T>();
+  const T* x = in.x.const_data_ptr<T>();
+  const T* p = in.p.const_data_ptr<T>();
+  const T* r = in.ref ? in.ref->const_data_ptr<T>() : nullptr;
+  const A* coef = in.coef.const_data_ptr<A>();
+  std::vector<double> partial(2 * rc.items());
+  at::parallel_for(0, rc.items(), rc.grain(), [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t row = rc.row(item);
+      const int64_t offset = row * rc.cols + rc.begin(item);
+      k.sde_sums(m + offset, x + offset, p + offset, r ? r + offset : nullptr, rc.length(item),
+                 coef[2 * row], coef[2 * row + 1], &partial[2 * item]);
+    }
+  });
+  const std::vector<double> totals = row_totals(rc, partial);
+  A* out = sums.data_ptr<A>();
+  for (int64_t i = 0; i < 2 * rc.rows; ++i) out[i] = static_cast<A>(totals[i]);
+}
+
+template <class T, class A>
+void sde_grad_typed(const SdeInputs& in, const at::Tensor& weights, at::Tensor& grad) {
+  const Kernels<T, A> k = kernels<T, A>();
+  const RowChunks rc(in.m.size(0), in.m.size(1), kChunk);
+  const T* m = in.m.const_data_ptr<T>();
+  const T* x = in.x.const_data_ptr<T>();
+  const T* p = in.p.const_data_ptr<T>();
+  const T* r = in.ref ? in.ref->const_data_ptr<T>() : nullptr;
+  const A* coef = in.coef.const_data_ptr<A>();
+  const A* w = weights.const_data_ptr<A>();
+  T* g = grad.data_ptr<T>();
+  at::parallel_for(0, rc.items(), rc.grain(), [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t row = rc.row(item);
+      const int64_t offset = row * rc.cols + rc.begin(item);
+      k.sde_grad(m + offset, x + offset, p + offset, r ? r + offset : nullptr, g + offset,
+                 rc.length(item), coef[2 * row], coef[2 * row + 1], w[2 * row], w[2 * row + 1]);
+    }
+  });
+}
+
+// Calls fn<T, A>() for the input dtype `dt`.
+#define WC_DISPATCH_FLOAT(dt, fn, ...)                   \
+  switch (dt) {                                          \
+    case at::kFloat:                                     \
+      fn<float, float>(__VA_ARGS__);                     \
+      break;                                             \
+    case at::kDouble:                                    \
+      fn<double, double>(__VA_ARGS__);                   \
+      break;                                             \
+    case at::kHalf:                                      \
+      fn<c10::Half, float>(__VA_ARGS__);                 \
+      break;                                             \
+    default:                                             \
+      fn<c10::BFloat16, float>(__VA_ARGS__);             \
+      break;                                             \
+  }
+
+at::Tensor sde_residual_sums(const at::Tensor& model_output, const at::Tensor& sample,
+                             const at::Tensor& prev_sample,
+                             const std::optional<at::Tensor>& ref_output, const at::Tensor& coef) {
+  const SdeInputs in = checked_sde_inputs("sde_residual_sums", model_output, sample, prev_sample,
+                                          ref_output, coef);
+  at::Tensor sums = new_output({in.m.size(0), 2}, in.coef.scalar_type());
+  if (in.m.numel() == 0) return sums.zero_();
+  WC_DISPATCH_FLOAT(in.m.scalar_type(), sde_sums_typed, in, sums)
+  return sums;
+}
+
+at::Tensor sde_residual_sums_bwd(const at::Tensor& weights, const at::Tensor& model_output,
+                                 const at::Tensor& sample, const at::Tensor& prev_sample,
+                                 const std::optional<at::Tensor>& ref_output,
+                                 const at::Tensor& coef) {
+  constexpr const char* op = "sde_residual_sums_bwd";
+  const SdeInputs in = checked_sde_inputs(op, model_output, sample, prev_sample, ref_output, coef);
+  const at::Tensor w = checked_params(op, "weights", weights, {in.m.size(0), 2},
+                                      in.coef.scalar_type());
+  at::Tensor grad = new_output(in.m.sizes(), in.m.scalar_type());
+  if (in.m.numel() == 0) return grad;
+  WC_DISPATCH_FLOAT(in.m.scalar_type(), sde_grad_typed, in, w, grad)
+  return grad;
+}
+
+#undef WC_DISPATCH_FLOAT
+
 }  // namespace
 }  // namespace wc_native
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   using namespace wc_native;
-  m.doc() = "Native CPU kernels of the fused ops nft_loss and flow_noise (kernels._native).";
+  m.doc() = "Native CPU kernels of the fused ops nft_loss, flow_noise and grpo_sde_loss "
+          "(kernels._native).";
   m.def("nft_loss_fwd", &nft_loss_fwd, py::arg("v_theta"), py::arg("v_old"),
         py::arg("v_target"), py::arg("r"), py::arg("sigma"), py::arg("beta"), py::arg("x0"),
         py::arg("grad_scale") = 1.0, py::call_guard<py::gil_scoped_release>(),
@@ -491,6 +607,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>(),
         "x_t = (1 - sigma) x0 + sigma noise and v_target = noise - x0 for K sigmas per row: "
         "x0 [S, D], sigmas [S, K], noise [S*K, D] -> (x_t, v_target) [S*K, D] in x0's dtype.");
+  m.def("sde_residual_sums", &sde_residual_sums, py::arg("model_output"), py::arg("sample"),
+        py::arg("prev_sample"), py::arg("ref_output"), py::arg("coef"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Per-row sums [B, 2] (float32; float64 for float64 inputs) of (prev_sample - a sample - "
+        "c model_output)^2 and of (model_output - ref_output)^2 (0 without ref_output), with "
+        "coef [B, 2] = (a, c); contiguous [B, D] inputs of one dtype.");
+  m.def("sde_residual_sums_bwd", &sde_residual_sums_bwd, py::arg("weights"),
+        py::arg("model_output"), py::arg("sample"), py::arg("prev_sample"),
+        py::arg("ref_output"), py::arg("coef"), py::call_guard<py::gil_scoped_release>(),
+        "w1 * (prev_sample - a sample - c model_output) + w2 * (model_output - ref_output) "
+        "[B, D] in model_output's dtype, with weights [B, 2] = (w1, w2) and coef = (a, c).");
   m.def("isa", [] { return std::string(isa_name(g_isa)); },
         "The instruction set the kernels use: 'avx512', 'avx2' or 'generic'.");
   m.def("available_isas", &available_isas, "Instruction sets this CPU can run.");

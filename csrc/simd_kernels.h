@@ -197,6 +197,60 @@ void nft_square_sums_grad(const T* vt, const T* vo, const T* vs, T* grad, int64_
   sums[1] = neg;
 }
 
+// ---- GRPO SDE loss. The step's residual is res = p - a*x - c*m (p: prev_sample, x: sample,
+// m: model_output, a and c per row); the KL's is m - r (r: ref_output, null when absent).
+
+// Sums of res^2 and (m - r)^2 (0 without r) over n elements of one row.
+template <class T, class A>
+void sde_sums(const T* m, const T* x, const T* p, const T* r, int64_t n, A a, A c,
+              double sums[2]) {
+  double res_total = 0.0, ref_total = 0.0;
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t len = std::min(kBlock, n - start);
+    const In<T> mo(m + start, len), xs(x + start, len), ps(p + start, len);
+    A s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < len; ++i) {
+      const A res = ps[i] - a * xs[i] - c * mo[i];
+      s += res * res;
+    }
+    res_total += s;
+    if (r == nullptr) continue;
+    const In<T> rs(r + start, len);
+    A q = 0;
+#pragma omp simd reduction(+ : q)
+    for (int64_t i = 0; i < len; ++i) {
+      const A delta = mo[i] - rs[i];
+      q += delta * delta;
+    }
+    ref_total += q;
+  }
+  sums[0] = res_total;
+  sums[1] = ref_total;
+}
+
+// The gradient w1*res + w2*(m - r) (w1*res without r) over n elements of one row.
+template <class T, class A>
+void sde_grad(const T* m, const T* x, const T* p, const T* r, T* grad, int64_t n, A a, A c,
+              A w1, A w2) {
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t len = std::min(kBlock, n - start);
+    const In<T> mo(m + start, len), xs(x + start, len), ps(p + start, len);
+    Out<T> g(grad + start);
+    if (r == nullptr) {
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) g.set(i, w1 * (ps[i] - a * xs[i] - c * mo[i]));
+    } else {
+      const In<T> rs(r + start, len);
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) {
+        g.set(i, w1 * (ps[i] - a * xs[i] - c * mo[i]) + w2 * (mo[i] - rs[i]));
+      }
+    }
+    g.flush(len);
+  }
+}
+
 // ---- Flow noise for one x0 row segment of n elements and its k noisy copies, which lie
 // `stride` elements apart in noise / x_t / v_target. The copies are written one after another,
 // so each loop streams through three rows only (a handful of prefetch streams, not 3k); the

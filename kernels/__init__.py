@@ -1,4 +1,5 @@
-"""Drop-in ops for video-RL training: ``nft_loss``, ``flow_noise``, ``prefix_attention``.
+"""Drop-in ops for video-RL training: ``nft_loss``, ``flow_noise``, ``prefix_attention``,
+``grpo_sde_loss`` and ``sde_log_prob``.
 
 Each op has a plain-PyTorch reference in :mod:`kernels.reference` (the spec) and fast backends
 chosen with ``backend=`` (see :mod:`kernels._backend`). This package imports nothing from
@@ -29,7 +30,8 @@ def check_torch_version(version: str) -> None:
 check_torch_version(torch.__version__)
 
 from kernels.flow_noise import flow_noise  # noqa: E402
+from kernels.grpo_sde_loss import grpo_sde_loss, sde_log_prob  # noqa: E402
 from kernels.nft_loss import nft_loss  # noqa: E402
 from kernels.prefix_attention import prefix_attention  # noqa: E402
 
-__all__ = ["nft_loss", "flow_noise", "prefix_attention"]
+__all__ = ["nft_loss", "flow_noise", "prefix_attention", "grpo_sde_loss", "sde_log_prob"]

@@ -35,6 +35,17 @@ Shared-prefix attention (Triton on every device, in ``ATTENTION_OPS``; see
   [1, H, P, D], scale) -> (out [B, H, L, D], lse [B, H, L] fp32)``. Backward:
   ``wc_fast::prefix_attention_bwd(grad_out, q, k, v, prefix_k, prefix_v, out, lse, scale)
   -> (dq, dk, dv, dprefix_k, dprefix_v)``; ``lse`` gets no gradient.
+
+GRPO's SDE loss (in ``GRPO_OPS``, with ``_triton`` twins as above; see
+:mod:`kernels._triton.grpo_sde_loss`):
+
+- ``wc_fast::sde_residual_sums(model_output, sample, prev_sample [B, D], ref_output [B, D] |
+  None, coef [B, 2]) -> sums [B, 2]`` (fp32, fp64 for fp64 inputs) with
+  ``sums[:, 0] = sum((prev_sample - a sample - c model_output)^2)`` and
+  ``sums[:, 1] = sum((model_output - ref_output)^2)`` (0 without a ref), ``coef = (a, c)``.
+  Backward: ``wc_fast::sde_residual_sums_bwd(weights, model_output, sample, prev_sample,
+  ref_output, coef)`` with ``weights = grad_sums * (-2c, 2)``; only ``model_output`` gets a
+  gradient.
 """
 
 from typing import Any
@@ -57,6 +68,8 @@ NFT_LOSS = "wc_fast::nft_loss_fwd"
 FLOW_NOISE = "wc_fast::flow_noise"
 PREFIX_ATTENTION = "wc_fast::prefix_attention_fwd"
 PREFIX_ATTENTION_BWD = "wc_fast::prefix_attention_bwd"
+SDE_SUMS = "wc_fast::sde_residual_sums"
+SDE_SUMS_BWD = "wc_fast::sde_residual_sums_bwd"
 TRITON_TWIN = "_triton"
 
 
@@ -177,6 +190,73 @@ def _define_attention() -> None:
     ATTENTION_OPS[PREFIX_ATTENTION] = forward
 
 
+# sde_residual_sums -------------------------------------------------------------------------
+
+def _sde_fake(model_output: Tensor, sample: Tensor, prev_sample: Tensor,
+              ref_output: Tensor | None, coef: Tensor) -> Tensor:
+    return model_output.new_empty((model_output.shape[0], 2),
+                                  dtype=compute_dtype(model_output.dtype))
+
+
+def _sde_bwd_fake(weights: Tensor, model_output: Tensor, sample: Tensor, prev_sample: Tensor,
+                  ref_output: Tensor | None, coef: Tensor) -> Tensor:
+    return torch.empty_like(model_output, memory_format=torch.contiguous_format)
+
+
+def _sde_setup_context(ctx: Any, inputs: tuple, output: Tensor) -> None:
+    model_output, sample, prev_sample, ref_output, coef = inputs
+    ctx.has_ref = ref_output is not None
+    ctx.save_for_backward(model_output, sample, prev_sample,
+                          ref_output if ctx.has_ref else None, coef)
+
+
+def _sde_backward(backward: Any, ctx: Any, grad_sums: Tensor) -> tuple:
+    """``backward`` is the ``sde_residual_sums_bwd`` op paired with the forward."""
+    model_output, sample, prev_sample, ref_output, coef = ctx.saved_tensors
+    d_model = None
+    if ctx.needs_input_grad[0]:
+        # dS1/dm = -2c * residual, dS2/dm = 2 (m - r): fold the row factors into the weights
+        factors = torch.stack([-2.0 * coef[:, 1], torch.full_like(coef[:, 1], 2.0)], dim=1)
+        weights = grad_sums.to(coef.dtype) * factors
+        d_model = backward(weights, model_output, sample, prev_sample, ref_output, coef)
+    return d_model, None, None, None, None
+
+
+def _sde_native(model_output: Tensor, sample: Tensor, prev_sample: Tensor,
+                ref_output: Tensor | None, coef: Tensor) -> Tensor:
+    from kernels import _native
+
+    ref = None if ref_output is None else ref_output.contiguous()
+    return _native.sde_residual_sums(model_output.contiguous(), sample.contiguous(),
+                                     prev_sample.contiguous(), ref, coef.contiguous())
+
+
+def _sde_bwd_native(weights: Tensor, model_output: Tensor, sample: Tensor, prev_sample: Tensor,
+                    ref_output: Tensor | None, coef: Tensor) -> Tensor:
+    from kernels import _native
+
+    ref = None if ref_output is None else ref_output.contiguous()
+    return _native.sde_residual_sums_bwd(weights.contiguous(), model_output.contiguous(),
+                                         sample.contiguous(), prev_sample.contiguous(), ref,
+                                         coef.contiguous())
+
+
+def _define_grpo(suffix: str, native: bool) -> None:
+    """``sde_residual_sums`` + ``suffix`` and its backward op into ``GRPO_OPS``."""
+    launch = launch_bwd = None
+    if HAVE_TRITON:
+        from kernels._triton.grpo_sde_loss import sde_residual_sums as launch
+        from kernels._triton.grpo_sde_loss import sde_residual_sums_bwd as launch_bwd
+    backward = _define(SDE_SUMS_BWD + suffix, launch_bwd, _sde_bwd_native, native)
+    backward.register_fake(_sde_bwd_fake)
+    forward = _define(SDE_SUMS + suffix, launch, _sde_native, native)
+    forward.register_fake(_sde_fake)
+    forward.register_autograd(lambda ctx, grad: _sde_backward(backward, ctx, grad),
+                              setup_context=_sde_setup_context)
+    GRPO_OPS[SDE_SUMS_BWD + suffix] = backward
+    GRPO_OPS[SDE_SUMS + suffix] = forward
+
+
 # registration ------------------------------------------------------------------------------
 
 def _define(name: str, launch: Any, native_impl: Any, native: bool) -> Any:
@@ -239,16 +319,21 @@ def _define_flow(name: str, native: bool) -> Any:
 NATIVE = native_built()
 OPS: dict[str, Any] = {}  # the elementwise ops and their Triton twins
 ATTENTION_OPS: dict[str, Any] = {}  # shared-prefix attention, Triton only
+GRPO_OPS: dict[str, Any] = {}  # GRPO's SDE residual sums and their twins
 if HAVE_TRITON or NATIVE:
     OPS[NFT_LOSS] = _define_nft(NFT_LOSS, NATIVE)
     OPS[FLOW_NOISE] = _define_flow(FLOW_NOISE, NATIVE)
+    _define_grpo("", NATIVE)
 if HAVE_TRITON:
     OPS[NFT_LOSS + TRITON_TWIN] = _define_nft(NFT_LOSS + TRITON_TWIN, native=False)
     OPS[FLOW_NOISE + TRITON_TWIN] = _define_flow(FLOW_NOISE + TRITON_TWIN, native=False)
+    _define_grpo(TRITON_TWIN, native=False)
     _define_attention()
 
 
-def op_for(name: str, backend: str, device: torch.device) -> Any:
-    """The registered op that runs ``backend`` ("triton" or "native") for ``device`` tensors."""
+def op_for(name: str, backend: str, device: torch.device, ops: dict[str, Any] | None = None
+           ) -> Any:
+    """The registered op of ``ops`` (default :data:`OPS`) that runs ``backend`` ("triton" or
+    "native") for ``device`` tensors."""
     twin = backend == "triton" and device.type == "cpu"
-    return OPS[name + TRITON_TWIN if twin else name]
+    return (OPS if ops is None else ops)[name + TRITON_TWIN if twin else name]

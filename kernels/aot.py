@@ -1,8 +1,8 @@
 """``python -m kernels.aot``: compile every Triton kernel ahead of time for sm_90 (Hopper).
 
 Each CUDA launch configuration the launchers use (kernel, input dtype, constexprs, warps; see
-``aot_configs()`` in :mod:`kernels._triton.nft_loss`, :mod:`kernels._triton.flow_noise` and
-:mod:`kernels._triton.prefix_attention`) is
+``aot_configs()`` in :mod:`kernels._triton.nft_loss`, :mod:`kernels._triton.flow_noise`,
+:mod:`kernels._triton.grpo_sde_loss` and :mod:`kernels._triton.prefix_attention`) is
 compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``; no GPU is
 needed. Registers and spills come from the ptxas bundled with Triton, run with ``-v`` on the
 generated PTX with the flags Triton itself uses; shared memory from the kernel metadata.
@@ -53,9 +53,10 @@ class Row:
 
 
 def _configs() -> list:
-    from kernels._triton import flow_noise, nft_loss, prefix_attention
+    from kernels._triton import flow_noise, grpo_sde_loss, nft_loss, prefix_attention
 
-    return nft_loss.aot_configs() + flow_noise.aot_configs() + prefix_attention.aot_configs()
+    return (nft_loss.aot_configs() + flow_noise.aot_configs() + grpo_sde_loss.aot_configs()
+            + prefix_attention.aot_configs())
 
 
 def ptxas_usage(ptx: str, arch: int) -> dict[str, int]:

@@ -24,7 +24,8 @@ def test_command_compiles_every_kernel_without_spills():
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     rows = [line.split() for line in proc.stdout.splitlines()[2:] if line.endswith(" ok")]
     seen = {(row[0], row[1]) for row in rows}
-    for kernel in ("nft_abs_err_kernel", "nft_loss_grad_kernel", "flow_noise_kernel"):
+    for kernel in ("nft_abs_err_kernel", "nft_loss_grad_kernel", "flow_noise_kernel",
+                   "sde_sums_kernel", "sde_grad_kernel"):
         assert {(kernel, dtype) for dtype in ("fp32", "fp16", "bf16")} <= seen
     assert "without spills" in proc.stdout
 

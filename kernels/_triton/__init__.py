@@ -1,8 +1,8 @@
 """Fused Triton kernels of the drop-in ops, and the launch configurations they share.
 
 The kernels and their launchers live in :mod:`kernels._triton.nft_loss`,
-:mod:`kernels._triton.flow_noise` and :mod:`kernels._triton.prefix_attention`; importing this
-package imports ``triton``.
+:mod:`kernels._triton.flow_noise`, :mod:`kernels._triton.grpo_sde_loss` and
+:mod:`kernels._triton.prefix_attention`; importing this package imports ``triton``.
 
 On CUDA the block size and warp count are fixed per kernel (so ``python -m kernels.aot`` can
 compile exactly the configurations that run), and long rows are split into chunks so that a
