@@ -109,3 +109,10 @@ def test_render_speed_reports_a_frame_rate(capsys):
     assert _load("render_speed").main(["--threads", "1", "--frames", "16", "--repeats", "1"]) == 0
     rate = float(capsys.readouterr().out.split(" frames/s")[0].split()[-1])
     assert rate > 0
+
+
+def test_chaos_run_survives_a_kill_with_the_same_weights(tmp_path, capsys):
+    assert _load("chaos").main(["--kills", "1", "--steps", "3", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "kills survived: 1;" in out
+    assert "tensors differing from the uninterrupted run: 0 of" in out
