@@ -17,7 +17,7 @@ import importlib
 import pytest
 import torch
 
-from kernels import reference
+from kernels import flow_noise, reference
 
 native = pytest.importorskip("kernels._native", reason="the native extension is not built")
 
@@ -123,15 +123,19 @@ def flow_inputs():
             torch.randn(s * k, d, generator=gen))
 
 
-@pytest.mark.parametrize("contender", ("eager", "compile", "native"))
+@pytest.mark.parametrize("contender", ("eager", "compile", "public", "native"))
 def test_flow_noise(benchmark, flow_inputs, contender):
     s, k, d = FLOW_SHAPE
     group = f"flow_noise fp32 S={s} K={k} D={d}"
     benchmark.group = group
     fn = {"eager": reference.flow_noise,
           "compile": torch.compile(reference.flow_noise, dynamic=False),
+          "public": lambda *a: flow_noise(*a, backend="native"),
           "native": native.flow_noise}[contender]
-    fn(*flow_inputs)  # warm-up outside the timed region
+    result = fn(*flow_inputs)  # warm-up outside the timed region
+    if contender in ("compile", "public"):  # agree with eager before being timed
+        for got, expected in zip(result, reference.flow_noise(*flow_inputs), strict=True):
+            torch.testing.assert_close(got, expected)
     benchmark.pedantic(fn, args=flow_inputs, rounds=30, warmup_rounds=2)
     _record(benchmark, group, contender)
 
