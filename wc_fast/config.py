@@ -129,10 +129,10 @@ class NFTConfig:
 
     ``compile``: run the current and old models' velocity in the train phase through
     ``torch.compile`` (fuses the per-element work around the matmuls, forward and backward).
-    On in the cpu preset: on 2 CPU cores its train phase is about 1.3x faster (one group per
-    update: 0.28-0.36 s vs 0.37-0.45 s), after about 2 minutes of compiling in the first
-    iterations (the history length changes with the clip index, so there is one recompile);
-    the compiled graphs are cached on disk, which cuts that to about 35 s for the next run.
+    On in the cpu preset, where it makes the train phase faster after minutes of compiling in
+    the first iterations (the history length changes with the clip index, so there is one
+    recompile); the compiled graphs are cached on disk for the next run. Timings in
+    bench/RESULTS.md.
 
     ``latent_pairing`` (models with motion latents): ``"own"`` trains each kept candidate with
     the latents it was generated from, written into its training noise as pretraining does;
@@ -277,8 +277,8 @@ def _cpu() -> Config:
     cfg.pretrain.steps = 1500
     cfg.pretrain.composite_fraction = 0.0
     cfg.rollout.group_size = 8
-    # two groups per update: the per-update costs (Muon and AdamW steps, EMA, about 55 ms on
-    # 2 cores) are shared by twice the model work, and the update's gradient is less noisy
+    # two groups per update: the per-update costs (Muon and AdamW steps, EMA) are shared by
+    # twice the model work, and the update's gradient is less noisy
     cfg.rollout.groups_per_rank = 2
     cfg.rollout.num_clips = 3
     cfg.rollout.steps = 10

@@ -266,8 +266,8 @@ class Trainer:
         then skips it)."""
         grads = [g.to_local() if isinstance(g, DTensor) else g
                  for g in (p.grad for p in self.model.parameters()) if g is not None]
-        # one fused norm (a NaN or inf in any element makes it non-finite): 0.5 ms on the cpu
-        # preset's 3 M gradients, where per-tensor isfinite().all() took 7 ms
+        # one fused norm (a NaN or inf in any element makes it non-finite) instead of one
+        # isfinite reduction and host sync per gradient tensor
         finite = math.isfinite(loss_sum) and (
             not grads or bool(torch.isfinite(torch.nn.utils.get_total_norm(grads))))
         return self._global_sum(0.0 if finite else 1.0) > 0

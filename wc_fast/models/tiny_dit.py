@@ -101,8 +101,8 @@ class TanhGELU(nn.Module):
     ``u = sqrt(2/pi) (x + 0.044715 x^3)``.
 
     Eagerly this is ``F.gelu(approximate="tanh")``. Under ``torch.compile`` it is written in the
-    sigmoid form, the same function, which the compiler turns into a forward and backward about
-    twice as fast as its tanh form on CPU (2.3 vs 4.9 ms on a ``[1920, 768]`` activation).
+    sigmoid form, the same function, which the compiler turns into a faster forward and
+    backward than its tanh form on CPU (bench/RESULTS.md).
     """
 
     def forward(self, x: Tensor) -> Tensor:
@@ -116,7 +116,7 @@ class Linear(nn.Linear):
 
     The compiler then fuses the add into the element-wise kernel that follows (norm, GELU,
     gated residual). As one ``addmm``, the CPU kernel first copies the broadcast bias into the
-    output: one more pass over every activation (14 ms of a 0.36 s compiled train phase).
+    output: one more pass over every activation (bench/RESULTS.md).
     """
 
     def forward(self, x: Tensor) -> Tensor:
