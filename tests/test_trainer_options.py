@@ -257,10 +257,10 @@ HALF_SQRT2 = 0.5 ** 0.5
 
 
 @pytest.mark.parametrize("kind,lam,want_second", [
-    ("both", "0.9", (0.9 - 0.1) * HALF_SQRT2),  # lam on IF, 1 - lam on VQ
-    ("both", "0.2", (0.2 - 0.8) * HALF_SQRT2),
-    ("if", "0.2", HALF_SQRT2),
-    ("vq", "0.9", -HALF_SQRT2),
+    pytest.param("both", "0.9", (0.9 - 0.1) * HALF_SQRT2, id="both-0.9"),  # lam on IF
+    pytest.param("both", "0.2", (0.2 - 0.8) * HALF_SQRT2, id="both-0.2"),  # 1 - lam on VQ
+    pytest.param("if", "0.2", HALF_SQRT2, id="if"),
+    pytest.param("vq", "0.9", -HALF_SQRT2, id="vq"),
 ])
 def test_combined_advantage_weights_if_by_lam_and_vq_by_one_minus_lam(monkeypatch, kind, lam,
                                                                        want_second):
