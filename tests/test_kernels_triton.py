@@ -19,7 +19,7 @@ CASES = [  # (backend, device)
     pytest.param("triton", "cuda", marks=GPU, id="triton-cuda"),
 ]
 SHAPES = [(1, 1), (7, 3), (5, 1000), (1, 65537), (2, 4, 5, 7)]  # [B, ...]
-# bf16 runs on every backend: the CPU ones (interpreter, native) compute in fp32 like the GPU
+# bf16 runs on every backend, the CPU ones too; only the CUDA cases need the gpu mark
 DTYPES = [pytest.param(d, id=name) for d, name in ((torch.float32, "fp32"),
                                                    (torch.float16, "fp16"),
                                                    (torch.bfloat16, "bf16"))]

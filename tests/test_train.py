@@ -1,5 +1,7 @@
 """The RL driver on the smoke preset: outputs, exact resume, ranks, and bad input."""
 
+import json
+import math
 import shutil
 
 import pytest
@@ -9,6 +11,7 @@ from safetensors.torch import load_file
 
 from wc_fast import checkpoint
 from wc_fast.config import preset
+from wc_fast.ema import ema_decay
 from wc_fast.models import TinyWorldDiT
 from wc_fast.telemetry import GpuTelemetry
 from wc_fast.train import main
@@ -29,11 +32,24 @@ def _assert_same(a: dict, b: dict, atol: float = 0.0) -> None:
 
 
 def test_smoke_run_writes_metrics_checkpoints_and_plot(tmp_path):
-    assert main([*SMOKE, "--steps", "2", "--out", str(tmp_path)]) == 0
-    rows = [line for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if line]
-    assert len(rows) == 2
+    """One metrics row per iteration with its values; only the newest ``keep_last``
+    checkpoints stay."""
+    assert main([*SMOKE, "--steps", "3", "--out", str(tmp_path), "--train.keep_last", "2"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["clip"]) for row in rows] == [(1, 1), (2, 2), (3, 1)]
+    cfg = preset("smoke")
+    assert [row["ema_decay"] for row in rows] == pytest.approx(
+        [ema_decay(step, 3, start=cfg.ema.start, end=cfg.ema.end) for step in range(3)])
+    for row in rows:
+        assert 0.0 <= row["if_mean"] <= 1.0 and math.isfinite(row["vq_mean"])
+        assert row["r_std"] >= 0.0 and row["skipped_groups"] in (0, 1)
+        assert math.isfinite(row["loss"]) and (row["loss"] == 0.0) == (row["skipped_groups"] == 1)
+        assert all(row[f"{phase}_s"] > 0 for phase in ("rollout", "reward", "train"))
+        assert row["clips_per_s"] > 0 and row["train_tflops"] >= 0
     assert (tmp_path / "rewards.png").is_file()
-    assert len(checkpoint.list_checkpoints(tmp_path)) == 2
+    kept = checkpoint.list_checkpoints(tmp_path)
+    assert [checkpoint.load(path, models={}, restore_rng=False).step
+            for path in kept] == [2, 3]
 
 
 def test_resume_continues_exactly(tmp_path):
