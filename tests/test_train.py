@@ -194,23 +194,31 @@ def test_init_weights_must_match_the_model_config_except_its_dtype(tmp_path):
         initial_model(cfg, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_training_climbs_a_reward_in_its_direction(sign):
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("kind,sign", [("if", 1.0), ("if", -1.0), ("vq", 1.0), ("both", 1.0)])
+def test_training_climbs_a_reward_in_its_direction(kind, sign):
     """With a reward the model can easily change (the candidates' mean brightness, or its
-    negative), 60 NFT iterations raise the training reward: the update moves the model
-    towards the higher-rewarded candidates, whichever they are."""
+    negative), 60 NFT iterations raise it: the update moves the model towards the
+    higher-rewarded candidates, whichever they are. The other channel scores the opposite, so
+    the run also falls if ``reward.kind`` reads the wrong channel or, with ``both`` (lam 0.9),
+    if lam and 1 - lam are swapped."""
     cfg = preset("smoke")
-    cfg.reward.kind = "if"
+    cfg.reward.kind = kind
+    cfg.reward.lam = 0.9
     cfg.optim.lr = 1e-2
     cfg.train.steps = 60
+    rewards = []
 
     class BrightnessReward(Trainer):
         def _scores(self, groups):
-            s = torch.stack([sign * g.candidates.mean(dim=(1, 2, 3, 4)) for g in groups])
-            return s.float(), torch.zeros_like(s).float(), [0.0] * len(groups)
+            s = torch.stack([sign * g.candidates.mean(dim=(1, 2, 3, 4)) for g in groups]).float()
+            rewards.append(float(s.mean()))
+            channels = (-s, s) if kind == "vq" else (s, -s)
+            return (*channels, [0.0] * len(groups))
 
     torch.manual_seed(0)
     trainer = BrightnessReward(cfg, TinyWorldDiT(cfg.model), torch.device("cpu"))
-    rewards = [trainer.iteration(step).if_mean for step in range(cfg.train.steps)]
+    for step in range(cfg.train.steps):
+        trainer.iteration(step)
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last - first > 0.01, (first, last)
