@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-
 from safetensors.torch import load_file
 
 from wc_fast import checkpoint
