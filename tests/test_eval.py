@@ -120,7 +120,7 @@ def _assert_weights(model, weights: dict) -> None:
 
 
 def test_eval_loads_a_training_checkpoint_directory(tmp_path):
-    """Its current model (not the old one), and the command runs on the directory."""
+    """Its current model, not the old one."""
     from wc_fast.train import main as train
 
     assert train(["--preset", "smoke", "--steps", "1", "--out", str(tmp_path / "run")]) == 0
@@ -129,10 +129,6 @@ def test_eval_loads_a_training_checkpoint_directory(tmp_path):
     _assert_weights(model, load_file(directory / "model.safetensors"))
     old = load_file(directory / "old.safetensors")
     assert any(not torch.equal(model.state_dict()[k], old[k]) for k in old)
-    out = tmp_path / "eval.json"
-    assert main(["--checkpoint", str(directory), "--json", str(out), "--sequences", "1",
-                 "--clips", "1", "--steps", "2", "--preset", "smoke"]) == 0
-    assert json.loads(out.read_text())["basic"]["by_clip"][0]["clip"] == 1
 
 
 def test_eval_loads_a_pretraining_checkpoint_directory_as_its_ema(tmp_path):
