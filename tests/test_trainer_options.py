@@ -38,8 +38,10 @@ def _config(**overrides: str) -> config_lib.Config:
     return cfg
 
 
-def _trainer(monkeypatch, **overrides: str) -> Trainer:
-    monkeypatch.setattr(Trainer, "_scores", _ranked_scores)
+def _trainer(monkeypatch, *, reward_models: bool = False, **overrides: str) -> Trainer:
+    """A smoke trainer; its scores are :func:`_ranked_scores` unless ``reward_models``."""
+    if not reward_models:
+        monkeypatch.setattr(Trainer, "_scores", _ranked_scores)
     cfg = _config(**overrides)
     torch.manual_seed(cfg.train.seed)
     return Trainer(cfg, TinyWorldDiT(cfg.model), torch.device("cpu"))
@@ -166,6 +168,20 @@ def test_rollout_mode_sets_whose_history_candidates_share(monkeypatch, mode):
         assert not torch.equal(group.history[0, 1:], group.history[1, 1:])
 
 
+def test_sample_level_training_predicts_over_each_candidates_own_history(monkeypatch):
+    trainer = _trainer(monkeypatch, rollout__mode="sample", nft__context_kv="reuse")
+    seen = []
+    real_velocity = trainer._velocity["model"]
+    trainer._velocity["model"] = lambda x, s, a, cache, **kw: (seen.append((len(x), cache))
+                                                               or real_velocity(x, s, a, cache,
+                                                                                **kw))
+    groups = _capture_rollouts(monkeypatch, trainer)
+    trainer.iteration(1)
+    # all 6 candidates are kept (top 3 and bottom 3), each at 2 sigmas over its own cache
+    assert sorted(id(cache) for _, cache in seen) == sorted(map(id, groups[0].caches))
+    assert [rows for rows, _ in seen] == [2] * 6
+
+
 @pytest.mark.parametrize("exploration", ["noise", "sde"])
 def test_exploration_mode_reaches_the_sampler(monkeypatch, exploration):
     """``noise``: one initial noise per candidate; ``sde``: one shared, plus step noise."""
@@ -249,6 +265,42 @@ def _stepped_grad_norm(monkeypatch, grad_clip: str) -> float:
 def test_grad_clip_bounds_the_stepped_gradient_norm(monkeypatch):
     assert _stepped_grad_norm(monkeypatch, "0") > 0.001
     assert _stepped_grad_norm(monkeypatch, "0.0001") == pytest.approx(1e-4, rel=1e-3)
+
+
+# -- rewards ------------------------------------------------------------------------------------
+
+def _keywords(monkeypatch, name: str) -> list[dict]:
+    """The keyword arguments of every call the trainer makes to its function ``name``."""
+    calls = []
+    real = getattr(trainer_module, name)
+
+    def spy(*args, **kw):
+        calls.append(kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(trainer_module, name, spy)
+    return calls
+
+
+def test_reward_settings_reach_the_scores(monkeypatch):
+    """Thresholds to the IF score, stride and mode to the VQ score (real reward models)."""
+    trainer = _trainer(monkeypatch, reward_models=True, reward__rot_threshold_deg="0.2",
+                       reward__trans_thresholds="0.002,0.005,0.01", reward__vq_mode="drift",
+                       reward__vq_stride="2")
+    if_calls = _keywords(monkeypatch, "interaction_score")
+    vq_calls = _keywords(monkeypatch, "vq_scores")
+    s_if, s_vq, _ = trainer._scores(trainer.rollout(0, 1))
+    assert s_if.shape == s_vq.shape == (1, trainer.cfg.rollout.group_size)
+    assert if_calls == [{"trans_thresholds": (0.002, 0.005, 0.01), "rot_threshold_deg": 0.2}]
+    assert vq_calls == [{"stride": 2, "mode": "drift"}]
+
+
+def test_soft_if_reaches_the_scores_at_the_smallest_threshold(monkeypatch):
+    trainer = _trainer(monkeypatch, reward_models=True, reward__if_kind="soft",
+                       reward__trans_thresholds="0.1,0.05")
+    calls = _keywords(monkeypatch, "soft_interaction_score")
+    trainer._scores(trainer.rollout(0, 1))
+    assert calls == [{"trans_threshold": 0.05, "rot_threshold_deg": 2.0}]
 
 
 # -- advantages ---------------------------------------------------------------------------------
