@@ -123,12 +123,25 @@ def test_micro_batch_splits_the_loss_calls(monkeypatch, loss_calls, micro, sizes
     assert [c["v_theta"].shape[0] for c in loss_calls] == sizes
 
 
+def _record(monkeypatch, owner, name: str) -> list[tuple]:
+    """Wrap ``owner.name`` (``owner[name]`` for a dict); every call's (args, result)."""
+    calls = []
+    is_dict = isinstance(owner, dict)
+    real = owner[name] if is_dict else getattr(owner, name)
+
+    def wrapper(*args, **kw):
+        out = real(*args, **kw)
+        calls.append((args, out))
+        return out
+
+    (monkeypatch.setitem if is_dict else monkeypatch.setattr)(owner, name, wrapper)
+    return calls
+
+
 @pytest.mark.parametrize("mode", ["old_model", "detached_current"])
 def test_old_prediction_source(monkeypatch, loss_calls, mode):
     trainer = _trainer(monkeypatch, nft__old_prediction=mode)
-    old_calls = []
-    real_old = trainer._velocity["old"]
-    trainer._velocity["old"] = lambda *a, **kw: old_calls.append(1) or real_old(*a, **kw)
+    old_calls = _record(monkeypatch, trainer._velocity, "old")
     trainer.iteration(0)
     assert loss_calls
     if mode == "detached_current":
@@ -142,25 +155,12 @@ def test_old_prediction_source(monkeypatch, loss_calls, mode):
 
 # -- rollouts -----------------------------------------------------------------------------------
 
-def _capture_rollouts(monkeypatch, trainer: Trainer) -> list:
-    groups = []
-    real = trainer.rollout
-
-    def rollout(*args):
-        out = real(*args)
-        groups.extend(out)
-        return out
-
-    monkeypatch.setattr(trainer, "rollout", rollout)
-    return groups
-
-
 @pytest.mark.parametrize("mode", ["clip", "sample"])
 def test_rollout_mode_sets_whose_history_candidates_share(monkeypatch, mode):
     trainer = _trainer(monkeypatch, rollout__mode=mode)
-    groups = _capture_rollouts(monkeypatch, trainer)
+    rollouts = _record(monkeypatch, trainer, "rollout")
     trainer.iteration(1)  # clip 2: one generated history clip
-    (group,) = groups
+    ((_, (group,)),) = rollouts
     g = trainer.cfg.rollout.group_size
     histories = 1 if mode == "clip" else g
     assert group.history.shape[0] == len(group.caches) == histories
@@ -170,28 +170,23 @@ def test_rollout_mode_sets_whose_history_candidates_share(monkeypatch, mode):
 
 def test_sample_level_training_predicts_over_each_candidates_own_history(monkeypatch):
     trainer = _trainer(monkeypatch, rollout__mode="sample", nft__context_kv="reuse")
-    seen = []
-    real_velocity = trainer._velocity["model"]
-    trainer._velocity["model"] = lambda x, s, a, cache, **kw: (seen.append((len(x), cache))
-                                                               or real_velocity(x, s, a, cache,
-                                                                                **kw))
-    groups = _capture_rollouts(monkeypatch, trainer)
+    velocity = _record(monkeypatch, trainer._velocity, "model")
+    rollouts = _record(monkeypatch, trainer, "rollout")
     trainer.iteration(1)
+    ((_, (group,)),) = rollouts
     # all 6 candidates are kept (top 3 and bottom 3), each at 2 sigmas over its own cache
-    assert sorted(id(cache) for _, cache in seen) == sorted(map(id, groups[0].caches))
-    assert [rows for rows, _ in seen] == [2] * 6
+    caches = [args[3] for args, _ in velocity]
+    assert sorted(map(id, caches)) == sorted(map(id, group.caches))
+    assert [len(args[0]) for args, _ in velocity] == [2] * 6
 
 
 @pytest.mark.parametrize("exploration", ["noise", "sde"])
 def test_exploration_mode_reaches_the_sampler(monkeypatch, exploration):
     """``noise``: one initial noise per candidate; ``sde``: one shared, plus step noise."""
     trainer = _trainer(monkeypatch, rollout__exploration=exploration)
-    rollouts = []
-    real = trainer.sampler.sample
-    monkeypatch.setattr(trainer.sampler, "sample",
-                        lambda *a, **kw: rollouts.append(real(*a, **kw)) or rollouts[-1])
+    samples = _record(monkeypatch, trainer.sampler, "sample")
     trainer.iteration(0)
-    (rollout,) = rollouts  # clip 1: the candidates only
+    ((_, rollout),) = samples  # clip 1: the candidates only
     g = trainer.cfg.rollout.group_size
     assert rollout.clips.shape[0] == g
     shared = bool((rollout.noise == rollout.noise[:1]).all())
@@ -206,19 +201,15 @@ def test_exploration_mode_reaches_the_sampler(monkeypatch, exploration):
 @pytest.mark.parametrize("mode,builds", [("reuse", 0), ("recompute", 1), ("recompute_grad", 1)])
 def test_context_kv_reuses_or_recomputes_the_history_cache(monkeypatch, mode, builds):
     trainer = _trainer(monkeypatch, nft__context_kv=mode)
-    built, seen = [], []
-    real_build = trainer.model.build_cache_parallel
-    real_velocity = trainer._velocity["model"]
-    monkeypatch.setattr(trainer.model, "build_cache_parallel",
-                        lambda *a, **kw: built.append(real_build(*a, **kw)) or built[-1])
-    trainer._velocity["model"] = lambda x, s, a, cache, **kw: (seen.append(cache)
-                                                               or real_velocity(x, s, a, cache,
-                                                                                **kw))
-    groups = _capture_rollouts(monkeypatch, trainer)
+    build_calls = _record(monkeypatch, trainer.model, "build_cache_parallel")
+    velocity = _record(monkeypatch, trainer._velocity, "model")
+    rollouts = _record(monkeypatch, trainer, "rollout")
     trainer.iteration(1)
-    assert len(built) == builds and seen
-    want = groups[0].caches[0] if mode == "reuse" else built[0]
-    assert all(cache is want for cache in seen)
+    built = [cache for _, cache in build_calls]
+    assert len(built) == builds and velocity
+    ((_, (group,)),) = rollouts
+    want = group.caches[0] if mode == "reuse" else built[0]
+    assert all(args[3] is want for args, _ in velocity)
     if mode != "reuse":
         grad = mode == "recompute_grad"
         assert all(k.requires_grad == grad for k in built[0].keys)
