@@ -4,10 +4,21 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from wc_fast import checkpoint
 from wc_fast.actions import basic_actions
 from wc_fast.config import preset
-from wc_fast.eval import EvalSettings, evaluate, main, score_sequences
+from wc_fast.eval import (
+    EvalSettings,
+    evaluate,
+    horizons,
+    load_checkpoint_model,
+    main,
+    print_table,
+    score_sequences,
+    summarize,
+)
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import export_world_model
 from wc_fast.rewards import load_critic, load_estimator
@@ -36,12 +47,18 @@ def test_evaluate_runs_end_to_end_and_is_deterministic(tmp_path):
     model = TinyWorldDiT(preset("smoke").model).eval()
     a = evaluate(model, SETTINGS)
     b = evaluate(model, SETTINGS)
-    for kind in ("basic", "composite", "composite_2key"):
+    sets = ("basic", "composite", "composite_2key")
+    assert set(a) == {"settings", "ground_truth", "by_clip", *sets}
+    assert a["settings"] == {k: getattr(SETTINGS, k) for k in EvalSettings.__slots__}
+    for kind in sets:
         assert 0.0 <= a[kind]["accuracy"] <= 1.0
         assert a[kind]["accuracy"] == b[kind]["accuracy"]
         assert len(a[kind]["by_clip"]) == 2
-        assert set(a[kind]) >= {"vq", "short", "long", "by_keys"}
-    assert {row["set"] for row in a["by_clip"]} == {"basic", "composite", "composite_2key"}
+        assert set(a[kind]) == {"accuracy", "vq", "by_keys", "by_clip", "short", "long"}
+        assert set(a["ground_truth"][kind]) == {"accuracy", "vq"}
+    assert [(row["set"], row["clip"]) for row in a["by_clip"]] == [
+        (kind, c) for kind in sets for c in (1, 2)]
+    assert all(set(row) == {"set", "clip", "accuracy", "vq"} for row in a["by_clip"])
     assert set(a["basic"]["by_keys"]) == {"1"}
     assert set(a["composite_2key"]["by_keys"]) == {"2"}
     assert a["composite_2key"]["by_keys"]["2"]["clips"] == SETTINGS.sequences * SETTINGS.clips
@@ -63,3 +80,81 @@ def test_command_writes_json_and_grid(tmp_path):
     result = json.loads(out.read_text())
     assert set(result) >= {"basic", "composite", "composite_2key", "by_clip", "ground_truth"}
     assert grid.is_file() and grid.stat().st_size > 0
+
+
+@pytest.mark.parametrize("clips,want", [
+    (1, {"short": [0], "long": [0]}),
+    (2, {"short": [0], "long": [1]}),
+    (3, {"short": [0], "medium": [1], "long": [2]}),
+    (6, {"short": [0, 1], "medium": [2, 3], "long": [4, 5]}),
+    (7, {"short": [0, 1], "medium": [2, 3, 4], "long": [5, 6]}),
+])
+def test_horizons_are_the_first_middle_and_last_third(clips, want):
+    got = {name: list(range(clips))[sl] for name, sl in horizons(clips).items()}
+    assert {name: idx for name, idx in got.items() if idx} == want
+
+
+def test_summarize_report_on_a_hand_built_input():
+    """Two sequences x six clips; accuracy c / 10 at clip c (VQ its negative), keys pressed
+    1 on the first sequence and 2 on the second."""
+    acc = torch.arange(6, dtype=torch.float32).repeat(2, 1) / 10
+    acc[1] += 0.2
+    keys = torch.tensor([[1] * 6, [2] * 6])
+    block = summarize(acc, -acc, keys)
+    assert set(block) == {"accuracy", "vq", "by_keys", "by_clip", "short", "medium", "long"}
+    assert block["accuracy"] == pytest.approx(0.35)
+    assert block["vq"] == pytest.approx(-0.35)
+    for name, mean in (("short", 0.15), ("medium", 0.35), ("long", 0.55)):
+        assert block[name] == pytest.approx({"accuracy": mean, "vq": -mean}), name
+    assert block["by_keys"] == {"1": {"accuracy": pytest.approx(0.25), "clips": 6},
+                                "2": {"accuracy": pytest.approx(0.45), "clips": 6}}
+    assert block["by_clip"] == [{"clip": c + 1, "accuracy": pytest.approx(c / 10 + 0.1),
+                                 "vq": pytest.approx(-(c / 10 + 0.1))} for c in range(6)]
+
+
+def _assert_weights(model, weights: dict) -> None:
+    state = model.state_dict()
+    assert state.keys() == weights.keys()
+    for key, value in weights.items():
+        assert torch.equal(state[key], value), key
+
+
+def test_eval_loads_a_training_checkpoint_directory(tmp_path):
+    """Its current model, not the old one."""
+    from wc_fast.train import main as train
+
+    assert train(["--preset", "smoke", "--steps", "1", "--out", str(tmp_path / "run")]) == 0
+    directory = checkpoint.latest(tmp_path / "run")
+    model = load_checkpoint_model(directory, torch.device("cpu"))
+    _assert_weights(model, load_file(directory / "model.safetensors"))
+    old = load_file(directory / "old.safetensors")
+    assert any(not torch.equal(model.state_dict()[k], old[k]) for k in old)
+
+
+def test_eval_loads_a_pretraining_checkpoint_directory_as_its_ema(tmp_path):
+    from wc_fast.pretrain import main as pretrain
+
+    assert pretrain(["--preset", "smoke", "--pretrain.batch_size", "1", "--pretrain.num_clips",
+                     "1", "--steps", "2", "--out", str(tmp_path)]) == 0
+    model = load_checkpoint_model(checkpoint.latest(tmp_path), torch.device("cpu"))
+    _assert_weights(model, load_file(tmp_path / "base_model.safetensors"))
+    live = load_file(checkpoint.latest(tmp_path) / "model.safetensors")
+    assert any(not torch.equal(model.state_dict()[k], live[k]) for k in live)
+
+
+def test_printed_table_puts_each_horizon_under_its_column():
+    from rich.console import Console
+
+    block = {"accuracy": 0.5, "vq": 0.25, "short": {"accuracy": 0.111},
+             "medium": {"accuracy": 0.222}, "long": {"accuracy": 0.333},
+             "by_keys": {}, "by_clip": [{"clip": 1, "accuracy": 0.5}]}
+    result = {kind: block for kind in ("basic", "composite", "composite_2key")}
+    result["ground_truth"] = {kind: {"accuracy": 0.999} for kind in result}
+    console = Console(record=True, width=200)
+    print_table(result, console=console)
+    lines = console.export_text().splitlines()
+    header = next(line for line in lines if "short acc" in line)
+    assert header.index("short") < header.index("medium") < header.index("long")
+    row = next(line for line in lines if line.strip("│ ").startswith("basic"))
+    cells = [c.strip() for c in row.split("│") if c.strip()]
+    assert cells == ["basic", "0.111", "0.222", "0.333", "0.500", "0.250", "0.999"]

@@ -19,7 +19,10 @@ CASES = [  # (backend, device)
     pytest.param("triton", "cuda", marks=GPU, id="triton-cuda"),
 ]
 SHAPES = [(1, 1), (7, 3), (5, 1000), (1, 65537), (2, 4, 5, 7)]  # [B, ...]
-DTYPES = [torch.float32, torch.float16, pytest.param(torch.bfloat16, marks=GPU, id="bf16")]
+# bf16 runs on every backend, the CPU ones too; only the CUDA cases need the gpu mark
+DTYPES = [pytest.param(d, id=name) for d, name in ((torch.float32, "fp32"),
+                                                   (torch.float16, "fp16"),
+                                                   (torch.bfloat16, "bf16"))]
 
 
 @pytest.fixture(autouse=True)
@@ -37,11 +40,6 @@ def poison_outputs():
     for hook in (_triton.set_poison_outputs, getattr(native, "set_poison_outputs", None)):
         if hook is not None:
             hook(False)
-
-
-def _skip_unless_runnable(device: str, dtype: torch.dtype) -> None:
-    if device == "cpu" and dtype == torch.bfloat16:
-        pytest.skip("bf16 runs on the GPU only")
 
 
 def assert_matches(actual: torch.Tensor, expected: torch.Tensor, ulps: float = 1) -> None:
@@ -90,7 +88,6 @@ def _nft_run(backend, vt, vo, vs, r, sigma, *, beta, space, reduction, grad_out=
 @pytest.mark.parametrize("beta", [1.0, 0.5])
 def test_nft_loss_matches_reference(backend, device, dtype, shape, space, beta):
     """Per-sample loss (fp32 rel 1e-5) and dL_i/dv_theta (1 ulp of the input dtype)."""
-    _skip_unless_runnable(device, dtype)
     inputs = _nft_inputs(shape, dtype, device)
     kw = dict(beta=beta, space=space, reduction="none")
     loss, grad = _nft_run(backend, *inputs, **kw)
@@ -107,7 +104,6 @@ def test_nft_loss_matches_reference(backend, device, dtype, shape, space, beta):
 def test_nft_loss_reductions(backend, device, dtype, space, reduction):
     """The reduced loss and its gradient; with "none", a different weight per sample (the
     backward scales the stored gradient: one more rounding, so 2 ulp)."""
-    _skip_unless_runnable(device, dtype)
     inputs = _nft_inputs((6, 37), dtype, device, seed=1)
     grad_out = torch.rand(6, device=device) if reduction == "none" else None
     kw = dict(beta=1.0, space=space, reduction=reduction, grad_out=grad_out)
@@ -168,7 +164,6 @@ def test_nft_loss_non_contiguous(backend, device):
                                        (1, 2, (65537,)), (2, 3, (2, 3, 5))], ids=str)
 def test_flow_noise_matches_reference(backend, device, dtype, s, k, shape):
     """Outputs and gradients w.r.t. x0, sigmas and noise (each rounded once) within 1 ulp."""
-    _skip_unless_runnable(device, dtype)
     g = torch.Generator().manual_seed(5)
     x0 = torch.randn((s, *shape), generator=g).to(device, dtype)
     sigmas = torch.rand(s, k, generator=g).to(device)

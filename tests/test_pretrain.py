@@ -74,15 +74,38 @@ def test_ema_warmup_follows_the_live_model_early():
     assert torch.allclose(late, torch.full((3,), 1 - 0.995))
 
 
+def _checkpointed_models(directory):
+    from torch.optim.swa_utils import AveragedModel
+
+    from wc_fast.config import from_dict
+    from wc_fast.models import TinyWorldDiT
+
+    cfg = from_dict(json.loads((directory / "meta.json").read_text())["config"])
+    live = TinyWorldDiT(cfg.model)
+    ema = AveragedModel(TinyWorldDiT(cfg.model), use_buffers=True)
+    checkpoint.load(directory, models={"model": live, "ema": ema}, restore_rng=False)
+    return cfg, {"live": live, "ema": ema.module}
+
+
 def test_held_out_loss_is_logged_every_eval_interval(tmp_path):
-    assert main([*SMALL, "--steps", "5", "--out", str(tmp_path),
-                 "--pretrain.eval_every", "2"]) == 0
+    """The logged held-out losses are those of the checkpointed live and EMA models; only the
+    newest ``keep_last`` checkpoints stay."""
+    from wc_fast.pretrain import held_out_batch, held_out_losses
+
+    assert main([*SMALL, "--steps", "5", "--out", str(tmp_path), "--pretrain.eval_every", "2",
+                 "--pretrain.ckpt_every", "2", "--pretrain.keep_last", "2"]) == 0
     records = [json.loads(line) for line in (tmp_path / "loss.jsonl").open()]
     scored = [r["step"] for r in records if "held_out_ema" in r]
     assert scored == [2, 4, 5]
-    for r in records:
-        if "held_out_ema" in r:
-            assert 0 < r["held_out_live"] < 10 and 0 < r["held_out_ema"] < 10
+    kept = checkpoint.list_checkpoints(tmp_path)
+    assert [int(path.name[-8:]) for path in kept] == [4, 5]
+    for path in kept:
+        cfg, models = _checkpointed_models(path)
+        want = held_out_losses(models, held_out_batch(cfg), cfg)
+        record = records[int(path.name[-8:]) - 1]
+        assert (record["held_out_live"], record["held_out_ema"]) == pytest.approx(
+            (want["live"], want["ema"]), rel=1e-6)
+    assert records[-1]["held_out_live"] != records[-1]["held_out_ema"]
 
 
 def test_max_minutes_stops_checkpoints_and_exports_what_ran(tmp_path, monkeypatch):

@@ -148,3 +148,57 @@ def test_action_accuracy_gives_no_partial_credit():
     trans_gt, rot_gt = torch.tensor([1, 1]), torch.tensor([1, 0])
     assert action_accuracy(c2w, trans_gt, rot_gt).item() == pytest.approx(0.5)
     assert interaction_score(c2w, trans_gt, rot_gt).item() == pytest.approx((1.0 + 0.5) / 2)
+
+
+def heading(deg: float, length: float = 0.1) -> torch.Tensor:
+    """A translation in the x-z plane at ``deg`` degrees from forward (+z) towards right (+x)."""
+    a = math.radians(deg)
+    return shift(length * math.sin(a), 0.0, length * math.cos(a))
+
+
+# angle from forward -> (angle to +z, angle to +x) -> label: forward/backward within 60 degrees
+# of +z/-z, right/left within 60 degrees of +x/-x (DESIGN section 5)
+@pytest.mark.parametrize("deg,want", [
+    (25, 1), (35, 5), (55, 5), (65, 3),  # z 25/35/55/65, x 65/55/35/25
+    (115, 3), (125, 7), (145, 7), (155, 2),  # z 115/125/145/155, x 25/35/55/65
+    (-25, 1), (-35, 6), (-55, 6), (-65, 4),  # x 115/125/145/155
+    (-115, 4), (-125, 8), (-145, 8), (-155, 2),  # x 155/145/125/115
+])
+def test_translation_direction_cones_at_their_edges(deg, want):
+    """Five degrees inside and outside each 60 / 120 degree cone edge."""
+    assert labels_of(heading(deg)) == (want, 0)
+
+
+def test_translation_exactly_at_the_threshold_does_not_move():
+    step = shift(0.0, 0.0, 0.5)  # |t| = 0.5 exactly (inverse of the identity start is exact)
+    assert labels_of(step, trans_threshold=0.5) == (0, 0)
+    assert labels_of(step, trans_threshold=0.5 - 1e-9) == (1, 0)
+
+
+@pytest.mark.parametrize("rot,axis", [(rot_y, 0), (rot_x, 1)], ids=["yaw", "pitch"])
+@pytest.mark.parametrize("sign,label", [(1.0, (1, 3)), (-1.0, (2, 4))], ids=["pos", "neg"])
+def test_rotation_exactly_at_the_threshold_does_not_turn(rot, axis, sign, label):
+    """yaw / pitch must exceed the threshold: equal is no rotation, in either direction."""
+    from wc_fast.rewards.interaction import rotation_angles
+
+    step = rot(sign * 3.0)
+    angle = abs(float(rotation_angles(step)[1 - axis]))  # (pitch, yaw): yaw for rot_y
+    assert angle == pytest.approx(3.0)
+    assert labels_of(step, rot_threshold_deg=angle) == (0, 0)
+    assert labels_of(step, rot_threshold_deg=math.nextafter(angle, 0.0)) == (0, label[axis])
+
+
+def test_no_motion_at_zero_thresholds_has_no_label():
+    still = torch.eye(4, dtype=torch.float64)
+    assert labels_of(still, trans_threshold=0.0, rot_threshold_deg=0.0) == (0, 0)
+
+
+def test_interaction_score_at_each_translation_threshold():
+    """A step of exactly 0.5: moving under 0.25, still under 0.5; the score takes the best."""
+    c2w = torch.stack([torch.eye(4, dtype=torch.float64), shift(0.0, 0.0, 0.5)])
+    forward, still, no_turn = torch.tensor([1]), torch.tensor([0]), torch.tensor([0])
+    for gt, thresholds, want in [(forward, (0.25,), 1.0), (forward, (0.5,), 0.5),
+                                 (still, (0.5,), 1.0), (still, (0.25,), 0.5),
+                                 (forward, (0.5, 0.25), 1.0), (still, (0.25, 0.5), 1.0)]:
+        score = interaction_score(c2w, gt, no_turn, trans_thresholds=thresholds)
+        assert score.item() == want, (gt, thresholds)

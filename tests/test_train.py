@@ -1,5 +1,7 @@
 """The RL driver on the smoke preset: outputs, exact resume, ranks, and bad input."""
 
+import json
+import math
 import shutil
 
 import pytest
@@ -9,6 +11,7 @@ from safetensors.torch import load_file
 
 from wc_fast import checkpoint
 from wc_fast.config import preset
+from wc_fast.ema import ema_decay
 from wc_fast.models import TinyWorldDiT
 from wc_fast.telemetry import GpuTelemetry
 from wc_fast.train import main
@@ -29,11 +32,24 @@ def _assert_same(a: dict, b: dict, atol: float = 0.0) -> None:
 
 
 def test_smoke_run_writes_metrics_checkpoints_and_plot(tmp_path):
-    assert main([*SMOKE, "--steps", "2", "--out", str(tmp_path)]) == 0
-    rows = [line for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if line]
-    assert len(rows) == 2
+    """One metrics row per iteration with its values; only the newest ``keep_last``
+    checkpoints stay."""
+    assert main([*SMOKE, "--steps", "3", "--out", str(tmp_path), "--train.keep_last", "2"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["clip"]) for row in rows] == [(1, 1), (2, 2), (3, 1)]
+    cfg = preset("smoke")
+    assert [row["ema_decay"] for row in rows] == pytest.approx(
+        [ema_decay(step, 3, start=cfg.ema.start, end=cfg.ema.end) for step in range(3)])
+    for row in rows:
+        assert 0.0 <= row["if_mean"] <= 1.0 and math.isfinite(row["vq_mean"])
+        assert row["r_std"] >= 0.0 and row["skipped_groups"] in (0, 1)
+        assert math.isfinite(row["loss"]) and (row["loss"] == 0.0) == (row["skipped_groups"] == 1)
+        assert all(row[f"{phase}_s"] > 0 for phase in ("rollout", "reward", "train"))
+        assert row["clips_per_s"] > 0 and row["train_tflops"] >= 0
     assert (tmp_path / "rewards.png").is_file()
-    assert len(checkpoint.list_checkpoints(tmp_path)) == 2
+    kept = checkpoint.list_checkpoints(tmp_path)
+    assert [checkpoint.load(path, models={}, restore_rng=False).step
+            for path in kept] == [2, 3]
 
 
 def test_resume_continues_exactly(tmp_path):
@@ -184,23 +200,31 @@ def test_init_weights_must_match_the_model_config_except_its_dtype(tmp_path):
         initial_model(cfg, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_training_climbs_a_reward_in_its_direction(sign):
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("kind,sign", [("if", 1.0), ("if", -1.0), ("vq", 1.0), ("both", 1.0)])
+def test_training_climbs_a_reward_in_its_direction(kind, sign):
     """With a reward the model can easily change (the candidates' mean brightness, or its
-    negative), 60 NFT iterations raise the training reward: the update moves the model
-    towards the higher-rewarded candidates, whichever they are."""
+    negative), 60 NFT iterations raise it: the update moves the model towards the
+    higher-rewarded candidates, whichever they are. The other channel scores the opposite, so
+    the run also falls if ``reward.kind`` reads the wrong channel or, with ``both`` (lam 0.9),
+    if lam and 1 - lam are swapped."""
     cfg = preset("smoke")
-    cfg.reward.kind = "if"
+    cfg.reward.kind = kind
+    cfg.reward.lam = 0.9
     cfg.optim.lr = 1e-2
     cfg.train.steps = 60
+    rewards = []
 
     class BrightnessReward(Trainer):
         def _scores(self, groups):
-            s = torch.stack([sign * g.candidates.mean(dim=(1, 2, 3, 4)) for g in groups])
-            return s.float(), torch.zeros_like(s).float(), [0.0] * len(groups)
+            s = torch.stack([sign * g.candidates.mean(dim=(1, 2, 3, 4)) for g in groups]).float()
+            rewards.append(float(s.mean()))
+            channels = (-s, s) if kind == "vq" else (s, -s)
+            return (*channels, [0.0] * len(groups))
 
     torch.manual_seed(0)
     trainer = BrightnessReward(cfg, TinyWorldDiT(cfg.model), torch.device("cpu"))
-    rewards = [trainer.iteration(step).if_mean for step in range(cfg.train.steps)]
+    for step in range(cfg.train.steps):
+        trainer.iteration(step)
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last - first > 0.01, (first, last)

@@ -1,0 +1,371 @@
+"""Each trainer option takes effect: one smoke iteration with spies on what reaches the loss,
+the optimizers, the sampler and the caches."""
+
+import json
+
+import pytest
+import torch
+from torch.optim import AdamW
+
+from wc_fast import config as config_lib
+from wc_fast import trainer as trainer_module
+from wc_fast.ema import ema_decay
+from wc_fast.models import TinyWorldDiT
+from wc_fast.nft import group_advantages
+from wc_fast.optim import GroupedMuon
+from wc_fast.train import main
+from wc_fast.trainer import Trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+KEEP = config_lib.preset("smoke").nft.keep
+SMOKE_SIGMAS = config_lib.preset("smoke").rollout.steps  # schedule sigmas the loss draws from
+
+
+def _ranked_scores(self, groups):
+    """Distinct IF and VQ scores in every group (no group is skipped), no reward models."""
+    g = self.cfg.rollout.group_size
+    s_if = torch.arange(g, dtype=torch.float32).repeat(len(groups), 1)
+    return s_if, (s_if.flip(1) - 2.0) ** 2, [0.0] * len(groups)
+
+
+def _config(**overrides: str) -> config_lib.Config:
+    """The smoke preset with ``section__field=value`` overrides."""
+    cfg = config_lib.preset("smoke")
+    for key, value in overrides.items():
+        config_lib.apply_override(cfg, key.replace("__", "."), value)
+    config_lib.validate(cfg)
+    return cfg
+
+
+def _trainer(monkeypatch, *, reward_models: bool = False, **overrides: str) -> Trainer:
+    """A smoke trainer; its scores are :func:`_ranked_scores` unless ``reward_models``."""
+    if not reward_models:
+        monkeypatch.setattr(Trainer, "_scores", _ranked_scores)
+    cfg = _config(**overrides)
+    torch.manual_seed(cfg.train.seed)
+    return Trainer(cfg, TinyWorldDiT(cfg.model), torch.device("cpu"))
+
+
+@pytest.fixture
+def loss_calls(monkeypatch) -> list[dict]:
+    """Every ``nft_loss`` call of the trainer: its tensors and keyword arguments."""
+    calls = []
+    real = trainer_module.nft_loss
+
+    def spy(v_theta, v_old, v_target, r, **kw):
+        calls.append({"v_theta": v_theta, "v_old": v_old, "r": r, **kw})
+        return real(v_theta, v_old, v_target, r, **kw)
+
+    monkeypatch.setattr(trainer_module, "nft_loss", spy)
+    return calls
+
+
+def _count_steps(monkeypatch, trainer: Trainer, on_step=None) -> list[int]:
+    """Count each optimizer's steps (``on_step(trainer)`` runs just before each)."""
+    counts = [0] * len(trainer.optimizers)
+    for i, opt in enumerate(trainer.optimizers):
+        def step(*args, _i=i, _real=opt.step, **kw):
+            counts[_i] += 1
+            if on_step is not None:
+                on_step(trainer)
+            return _real(*args, **kw)
+        monkeypatch.setattr(opt, "step", step)
+    return counts
+
+
+def _grad_norm(model: torch.nn.Module) -> float:
+    grads = [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+    return float(torch.cat(grads).norm())
+
+
+# -- what reaches the loss ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("beta,space", [("0.5", "x0"), ("2.0", "velocity")])
+def test_configured_beta_and_loss_space_reach_nft_loss(monkeypatch, loss_calls, beta, space):
+    trainer = _trainer(monkeypatch, nft__beta=beta, nft__loss_space=space)
+    trainer.iteration(0)
+    assert loss_calls
+    for call in loss_calls:
+        assert call["beta"] == float(beta) and call["space"] == space
+        assert call["reduction"] == "sum" and call["sigma"] is not None
+
+
+@pytest.mark.parametrize("fraction,k", [("0.25", 1), ("0.5", 2), ("1.0", 4)])
+def test_timestep_fraction_sets_the_distinct_sigmas_per_candidate(monkeypatch, loss_calls,
+                                                                  fraction, k):
+    trainer = _trainer(monkeypatch, nft__timestep_fraction=fraction)
+    assert len(trainer.sigmas) == SMOKE_SIGMAS == 4
+    trainer.iteration(0)
+    sigma = torch.cat([c["sigma"] for c in loss_calls])
+    assert sigma.numel() == 2 * KEEP * k  # kept candidates x sigmas each
+    schedule = set(trainer.sigmas.tolist())
+    for row in sigma.reshape(2 * KEEP, k).tolist():
+        assert len(set(row)) == k and set(row) <= schedule
+
+
+def test_optimality_reaches_the_loss_as_drawn(monkeypatch, loss_calls):
+    """The kept candidates' ``r`` (best three high, worst three low), one per sigma."""
+    trainer = _trainer(monkeypatch)
+    trainer.iteration(0)
+    r = torch.cat([c["r"] for c in loss_calls])
+    s_if, s_vq, _ = _ranked_scores(trainer, [None])
+    want, _ = trainer.advantages(s_if, s_vq)
+    assert sorted(r.tolist()) == pytest.approx(
+        sorted(want[0].sort().values[[0, 1, 2, -3, -2, -1]].repeat_interleave(2).tolist()))
+
+
+@pytest.mark.parametrize("micro,sizes", [("0", [12]), ("5", [5, 5, 2])])
+def test_micro_batch_splits_the_loss_calls(monkeypatch, loss_calls, micro, sizes):
+    """6 kept candidates x 2 sigmas = 12 rows over one shared cache (0 = 32 on CPU)."""
+    trainer = _trainer(monkeypatch, nft__micro_batch=micro)
+    trainer.iteration(0)
+    assert [c["v_theta"].shape[0] for c in loss_calls] == sizes
+
+
+def _record(monkeypatch, owner, name: str) -> list[tuple]:
+    """Wrap ``owner.name`` (``owner[name]`` for a dict); every call's (args, result)."""
+    calls = []
+    is_dict = isinstance(owner, dict)
+    real = owner[name] if is_dict else getattr(owner, name)
+
+    def wrapper(*args, **kw):
+        out = real(*args, **kw)
+        calls.append((args, out))
+        return out
+
+    (monkeypatch.setitem if is_dict else monkeypatch.setattr)(owner, name, wrapper)
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["old_model", "detached_current"])
+def test_old_prediction_source(monkeypatch, loss_calls, mode):
+    trainer = _trainer(monkeypatch, nft__old_prediction=mode)
+    old_calls = _record(monkeypatch, trainer._velocity, "old")
+    trainer.iteration(0)
+    assert loss_calls
+    if mode == "detached_current":
+        assert not old_calls
+        for call in loss_calls:
+            assert not call["v_old"].requires_grad
+            assert torch.equal(call["v_old"], call["v_theta"].detach())
+    else:
+        assert len(old_calls) == len(loss_calls)
+
+
+# -- rollouts -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["clip", "sample"])
+def test_rollout_mode_sets_whose_history_candidates_share(monkeypatch, mode):
+    trainer = _trainer(monkeypatch, rollout__mode=mode)
+    rollouts = _record(monkeypatch, trainer, "rollout")
+    trainer.iteration(1)  # clip 2: one generated history clip
+    ((_, (group,)),) = rollouts
+    g = trainer.cfg.rollout.group_size
+    histories = 1 if mode == "clip" else g
+    assert group.history.shape[0] == len(group.caches) == histories
+    if mode == "sample":  # each candidate generated its own first clip
+        assert not torch.equal(group.history[0, 1:], group.history[1, 1:])
+
+
+def test_sample_level_training_predicts_over_each_candidates_own_history(monkeypatch):
+    trainer = _trainer(monkeypatch, rollout__mode="sample", nft__context_kv="reuse")
+    velocity = _record(monkeypatch, trainer._velocity, "model")
+    rollouts = _record(monkeypatch, trainer, "rollout")
+    trainer.iteration(1)
+    ((_, (group,)),) = rollouts
+    # all 6 candidates are kept (top 3 and bottom 3), each at 2 sigmas over its own cache
+    caches = [args[3] for args, _ in velocity]
+    assert sorted(map(id, caches)) == sorted(map(id, group.caches))
+    assert [len(args[0]) for args, _ in velocity] == [2] * 6
+
+
+@pytest.mark.parametrize("exploration", ["noise", "sde"])
+def test_exploration_mode_reaches_the_sampler(monkeypatch, exploration):
+    """``noise``: one initial noise per candidate; ``sde``: one shared, plus step noise."""
+    trainer = _trainer(monkeypatch, rollout__exploration=exploration)
+    samples = _record(monkeypatch, trainer.sampler, "sample")
+    trainer.iteration(0)
+    ((_, rollout),) = samples  # clip 1: the candidates only
+    g = trainer.cfg.rollout.group_size
+    assert rollout.clips.shape[0] == g
+    shared = bool((rollout.noise == rollout.noise[:1]).all())
+    if exploration == "sde":
+        assert shared and rollout.step_noise is not None
+    else:
+        assert not shared and rollout.step_noise is None
+
+
+# -- caches -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode,builds", [("reuse", 0), ("recompute", 1), ("recompute_grad", 1)])
+def test_context_kv_reuses_or_recomputes_the_history_cache(monkeypatch, mode, builds):
+    trainer = _trainer(monkeypatch, nft__context_kv=mode)
+    build_calls = _record(monkeypatch, trainer.model, "build_cache_parallel")
+    velocity = _record(monkeypatch, trainer._velocity, "model")
+    rollouts = _record(monkeypatch, trainer, "rollout")
+    trainer.iteration(1)
+    built = [cache for _, cache in build_calls]
+    assert len(built) == builds and velocity
+    ((_, (group,)),) = rollouts
+    want = group.caches[0] if mode == "reuse" else built[0]
+    assert all(args[3] is want for args, _ in velocity)
+    if mode != "reuse":
+        grad = mode == "recompute_grad"
+        assert all(k.requires_grad == grad for k in built[0].keys)
+
+
+# -- optimizers ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("updates", [1, 3])
+def test_updates_per_iteration_steps_every_optimizer_that_often(monkeypatch, loss_calls,
+                                                                updates):
+    trainer = _trainer(monkeypatch, optim__updates_per_iteration=str(updates))
+    counts = _count_steps(monkeypatch, trainer)
+    trainer.iteration(0)
+    assert counts == [updates] * len(trainer.optimizers)
+    rows = [c["v_theta"].shape[0] for c in loss_calls]
+    assert rows == [2 * KEEP * 2 // updates] * updates
+
+
+def test_muon_adamw_updates_matrices_with_muon_and_the_rest_with_adamw(monkeypatch):
+    trainer = _trainer(monkeypatch, optim__optimizer="muon_adamw")
+    muon, adamw = trainer.optimizers
+    assert type(muon) is GroupedMuon and type(adamw) is AdamW
+    hidden = {id(p) for p in trainer.model.hidden_matrices()}
+    muon_params = [p for group in muon.param_groups for p in group["params"]]
+    adamw_params = [p for group in adamw.param_groups for p in group["params"]]
+    assert {id(p) for p in muon_params} == hidden
+    assert not hidden & {id(p) for p in adamw_params}
+    before = [[p.detach().clone() for p in params] for params in (muon_params, adamw_params)]
+    for step in range(2):  # the zero-initialised gates leave the matrices' first gradient 0
+        trainer.iteration(step)
+    for old, params in zip(before, (muon_params, adamw_params), strict=True):
+        assert any(not torch.equal(a, p) for a, p in zip(old, params, strict=True))
+
+
+def _stepped_grad_norm(monkeypatch, grad_clip: str) -> float:
+    """The gradient norm the first optimizer step of an iteration sees."""
+    trainer = _trainer(monkeypatch, optim__grad_clip=grad_clip)
+    seen = []
+    _count_steps(monkeypatch, trainer, lambda t: seen.append(_grad_norm(t.model)))
+    trainer.iteration(0)
+    return seen[0]
+
+
+def test_grad_clip_bounds_the_stepped_gradient_norm(monkeypatch):
+    assert _stepped_grad_norm(monkeypatch, "0") > 0.001
+    assert _stepped_grad_norm(monkeypatch, "0.0001") == pytest.approx(1e-4, rel=1e-3)
+
+
+# -- rewards ------------------------------------------------------------------------------------
+
+def _keywords(monkeypatch, name: str) -> list[dict]:
+    """The keyword arguments of every call the trainer makes to its function ``name``."""
+    calls = []
+    real = getattr(trainer_module, name)
+
+    def spy(*args, **kw):
+        calls.append(kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(trainer_module, name, spy)
+    return calls
+
+
+def test_reward_settings_reach_the_scores(monkeypatch):
+    """Thresholds to the IF score, stride and mode to the VQ score (real reward models)."""
+    trainer = _trainer(monkeypatch, reward_models=True, reward__rot_threshold_deg="0.2",
+                       reward__trans_thresholds="0.002,0.005,0.01", reward__vq_mode="drift",
+                       reward__vq_stride="2")
+    if_calls = _keywords(monkeypatch, "interaction_score")
+    vq_calls = _keywords(monkeypatch, "vq_scores")
+    s_if, s_vq, _ = trainer._scores(trainer.rollout(0, 1))
+    assert s_if.shape == s_vq.shape == (1, trainer.cfg.rollout.group_size)
+    assert if_calls == [{"trans_thresholds": (0.002, 0.005, 0.01), "rot_threshold_deg": 0.2}]
+    assert vq_calls == [{"stride": 2, "mode": "drift"}]
+
+
+def test_soft_if_reaches_the_scores_at_the_smallest_threshold(monkeypatch):
+    trainer = _trainer(monkeypatch, reward_models=True, reward__if_kind="soft",
+                       reward__trans_thresholds="0.1,0.05")
+    calls = _keywords(monkeypatch, "soft_interaction_score")
+    trainer._scores(trainer.rollout(0, 1))
+    assert calls == [{"trans_threshold": 0.05, "rot_threshold_deg": 2.0}]
+
+
+# -- advantages ---------------------------------------------------------------------------------
+
+# two candidates, IF prefers the second, VQ the first: a_IF = (-1, 1)/sqrt(2) = -a_VQ
+S_IF, S_VQ = torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 0.0]])
+HALF_SQRT2 = 0.5 ** 0.5
+
+
+@pytest.mark.parametrize("kind,lam,want_second", [
+    pytest.param("both", "0.9", (0.9 - 0.1) * HALF_SQRT2, id="both-0.9"),  # lam on IF
+    pytest.param("both", "0.2", (0.2 - 0.8) * HALF_SQRT2, id="both-0.2"),  # 1 - lam on VQ
+    pytest.param("if", "0.2", HALF_SQRT2, id="if"),
+    pytest.param("vq", "0.9", -HALF_SQRT2, id="vq"),
+])
+def test_combined_advantage_weights_if_by_lam_and_vq_by_one_minus_lam(monkeypatch, kind, lam,
+                                                                       want_second):
+    trainer = _trainer(monkeypatch, reward__kind=kind, reward__lam=lam, reward__Z="2.0")
+    r, adv = trainer.advantages(S_IF, S_VQ)
+    torch.testing.assert_close(adv, torch.tensor([[-want_second, want_second]]))
+    torch.testing.assert_close(r, 0.5 + 0.25 * adv)
+
+
+@pytest.mark.parametrize("std", ["group", "global"])
+def test_reward_std_scales_the_advantages(monkeypatch, std):
+    trainer = _trainer(monkeypatch, reward__std=std, reward__kind="if")
+    s = torch.tensor([[0.0, 2.0], [10.0, 14.0]])
+    _, adv = trainer.advantages(s, torch.zeros_like(s))
+    torch.testing.assert_close(adv, group_advantages(s, std=std).float())
+    ratio = adv[1, 1] / adv[0, 1]  # global: both groups share one std; group: each its own
+    assert float(ratio) == pytest.approx(2.0 if std == "global" else 1.0)
+
+
+# -- the official preset's settings -------------------------------------------------------------
+
+def _official_overrides() -> list[str]:
+    """``--section.field value`` for every field the official preset sets differently from
+    the paper's, except the model (the smoke model stays)."""
+    official = config_lib.to_dict(config_lib.preset("official"))
+    paper = config_lib.to_dict(config_lib.preset("paper"))
+    args = []
+    for section, values in official.items():
+        if section in ("preset", "model"):
+            continue
+        for key, value in values.items():
+            if value != paper[section][key]:
+                text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+                args += [f"--{section}.{key}", text]
+    return args
+
+
+def test_official_settings_take_effect_in_a_smoke_run(monkeypatch, loss_calls, tmp_path):
+    args = _official_overrides()
+    assert "--nft.loss_space" in args and "--optim.updates_per_iteration" in args
+    monkeypatch.setattr(Trainer, "_scores", _ranked_scores)
+    trainers, steps, norms = [], [], []
+    real_init = Trainer.__init__
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        trainers.append(self)
+        steps.append(_count_steps(monkeypatch, self,
+                                  lambda t: norms.append(_grad_norm(t.model))))
+
+    monkeypatch.setattr(Trainer, "__init__", init)
+    assert main(["--preset", "smoke", *args, "--steps", "2", "--out", str(tmp_path)]) == 0
+    (trainer,) = trainers
+    cfg = trainer.cfg
+    assert (cfg.reward.std, cfg.nft.loss_space, cfg.optim.optimizer) == ("global", "x0",
+                                                                         "muon_adamw")
+    assert {(c["space"], c["beta"]) for c in loss_calls} == {("x0", 1.0)}
+    assert [type(o) for o in trainer.optimizers] == [GroupedMuon, AdamW]
+    assert steps == [[2 * 3, 2 * 3]]  # 2 iterations x 3 updates, each optimizer
+    assert max(norms) <= 2.0 * (1 + 1e-4)
+    rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    decays = [row["ema_decay"] for row in rows]
+    assert decays == pytest.approx([ema_decay(s, 2, schedule="official") for s in (0, 1)])
