@@ -13,14 +13,13 @@ from wc_fast.eval import (
     EvalSettings,
     evaluate,
     horizons,
-    load_checkpoint_model,
     main,
     print_table,
     score_sequences,
     summarize,
 )
 from wc_fast.models import TinyWorldDiT
-from wc_fast.models.pretrained import export_world_model
+from wc_fast.models.pretrained import export_world_model, load_checkpoint_model
 from wc_fast.rewards import load_critic, load_estimator
 from wc_fast.world import sample_sequences
 

@@ -228,8 +228,8 @@ def test_updates_per_iteration_steps_every_optimizer_that_often(monkeypatch, los
     assert rows == [2 * KEEP * 2 // updates] * updates
 
 
-def test_muon_adamw_updates_matrices_with_muon_and_the_rest_with_adamw(monkeypatch):
-    trainer = _trainer(monkeypatch, optim__optimizer="muon_adamw")
+def test_muon_updates_matrices_with_muon_and_the_rest_with_adamw(monkeypatch):
+    trainer = _trainer(monkeypatch, optim__optimizer="muon")
     muon, adamw = trainer.optimizers
     assert type(muon) is GroupedMuon and type(adamw) is AdamW
     hidden = {id(p) for p in trainer.model.hidden_matrices()}
@@ -360,8 +360,7 @@ def test_official_settings_take_effect_in_a_smoke_run(monkeypatch, loss_calls, t
     assert main(["--preset", "smoke", *args, "--steps", "2", "--out", str(tmp_path)]) == 0
     (trainer,) = trainers
     cfg = trainer.cfg
-    assert (cfg.reward.std, cfg.nft.loss_space, cfg.optim.optimizer) == ("global", "x0",
-                                                                         "muon_adamw")
+    assert (cfg.reward.std, cfg.nft.loss_space, cfg.optim.optimizer) == ("global", "x0", "muon")
     assert {(c["space"], c["beta"]) for c in loss_calls} == {("x0", 1.0)}
     assert [type(o) for o in trainer.optimizers] == [GroupedMuon, AdamW]
     assert steps == [[2 * 3, 2 * 3]]  # 2 iterations x 3 updates, each optimizer
