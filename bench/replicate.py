@@ -40,10 +40,12 @@ from wc_fast.rewards import load_estimator  # noqa: E402
 from wc_fast.rewards.exploration import camera_motion  # noqa: E402
 
 ROWS = {"full": [], "sample": ["--rollout.mode", "sample"], "if_only": ["--reward.kind", "if"],
-        "vq_only": ["--reward.kind", "vq"], "sde": ["--rollout.exploration", "sde"]}
+        "vq_only": ["--reward.kind", "vq"], "sde": ["--rollout.exploration", "sde"],
+        "fresh": ["--nft.latent_pairing", "fresh"]}
 TITLES = {"base": "base model", "full": "full (clip-level, IF + VQ)",
           "sample": "sample-level rollouts", "if_only": "IF reward only",
-          "vq_only": "VQ reward only", "sde": "same-noise SDE exploration"}
+          "vq_only": "VQ reward only", "sde": "same-noise SDE exploration",
+          "fresh": "full, latents of the fresh training noise in the update"}
 
 
 def score(model_path: str | None, sequences: int, clips: int) -> dict:

@@ -32,6 +32,11 @@ GRPO_SHAPE = (8, 1 << 20)  # 8 samples of 1M latent elements
 GRPO_KW = {"noise_level": 0.7, "clip_range": 0.2, "adv_clip_max": 5.0, "sigma_max": 0.98,
            "kl_beta": 0.04}
 
+# Every (shape, space, reduction) group compiles the same reference function anew: without a
+# higher limit, dynamo stops compiling it after 8 and the later groups time eager code.
+torch._dynamo.config.recompile_limit = 64
+torch._dynamo.config.fail_on_recompile_limit_hit = True
+
 # Median seconds of every finished benchmark, by (group, contender).
 _MEDIANS: dict[tuple[str, str], float] = {}
 

@@ -95,6 +95,9 @@ def _nft_fake(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
 def _nft_setup_context(ctx: Any, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
     ctx.save_for_backward(output[1])
     ctx.mark_non_differentiable(output[1])
+    # the gradient output gets no upstream gradient: without this, autograd would fill a
+    # [B, D] tensor of zeros for it on every backward (a full pass, for nothing)
+    ctx.set_materialize_grads(False)
     ctx.grad_scale = inputs[7] if len(inputs) > 7 else 1.0
 
 
@@ -106,9 +109,11 @@ def _upstream_is_grad_scale(grad_loss: Tensor, grad_scale: float) -> bool:
     return bool((grad_loss == grad_scale).all())
 
 
-def _nft_backward(ctx: Any, grad_loss: Tensor, _grad_grad: Tensor | None) -> tuple:
+def _nft_backward(ctx: Any, grad_loss: Tensor | None, _grad_grad: Tensor | None) -> tuple:
     (grad,) = ctx.saved_tensors
-    if _upstream_is_grad_scale(grad_loss, ctx.grad_scale):
+    if grad_loss is None:
+        dv_theta = None
+    elif _upstream_is_grad_scale(grad_loss, ctx.grad_scale):
         dv_theta = grad
     else:
         factor = (grad_loss / ctx.grad_scale).unsqueeze(1)
