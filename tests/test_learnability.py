@@ -1,10 +1,14 @@
 """RL raises action following: a few fixed groups of the embedded world, IF reward only.
 
 The shipped base model, two fixed two-key commands from fixed world prompts, the cpu preset's
-sampler and loss at a short, fast size (soft IF reward, learning rate 3e-4). The label IF of
-the groups (mean over held-out noises, the reward estimator) must rise under training, and
-must fall when the optimality is flipped (positives and negatives swapped): the test fails if
-the update's sign is wrong.
+sampler and loss at a short, fast size (soft IF reward, learning rate 3e-4, the update given
+the latents of its fresh training noise). The label IF of the groups (mean over held-out
+noises, the reward estimator) must rise under training, and must fall when the optimality is
+flipped (positives and negatives swapped): the test fails if the update's sign is wrong.
+
+With each candidate's own latents in the update instead (``nft.latent_pairing own``) the same
+40 iterations measured 0.754 -> 0.758: the model then already knows each candidate's motion
+and the update has none to learn.
 """
 
 import pytest
@@ -19,7 +23,7 @@ from wc_fast.trainer import Trainer
 from wc_fast.world import sample_sequences
 
 pytestmark = pytest.mark.slow
-STEPS = {False: 120, True: 40}  # the flipped update degrades IF quickly
+STEPS = 40
 
 
 def _config(steps: int):
@@ -31,6 +35,7 @@ def _config(steps: int):
     cfg.rollout.group_size = 8
     cfg.nft.compile = False
     cfg.optim.lr = 3e-4
+    cfg.nft.latent_pairing = "fresh"
     cfg.train.steps = steps
     return cfg
 
@@ -73,7 +78,7 @@ class FlippedTrainer(Trainer):
 @pytest.mark.parametrize("flipped", [False, True])
 def test_training_raises_the_if_of_fixed_groups(monkeypatch, flipped):
     monkeypatch.setattr("wc_fast.trainer.group_prompt", _fixed_prompt)
-    cfg = _config(STEPS[flipped])
+    cfg = _config(STEPS)
     torch.manual_seed(0)
     model = load_world_model(BASE_WEIGHTS)
     trainer = (FlippedTrainer if flipped else Trainer)(cfg, model, torch.device("cpu"))
@@ -81,8 +86,8 @@ def test_training_raises_the_if_of_fixed_groups(monkeypatch, flipped):
     for step in range(cfg.train.steps):
         trainer.iteration(step)
     after = _held_out_if(trainer)
-    # measured: 0.754 -> 0.812 trained, 0.754 -> 0.688 flipped
+    # measured: 0.754 -> 0.871 trained, 0.754 -> 0.430 flipped
     if flipped:
-        assert after <= before - 0.02, (before, after)
+        assert after <= before - 0.1, (before, after)
     else:
-        assert after >= before + 0.03, (before, after)
+        assert after >= before + 0.08, (before, after)
