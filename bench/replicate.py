@@ -1,6 +1,6 @@
 """The WorldCompass study on the embedded world: Table 1 and Table 2 analogs.
 
-    python bench/replicate.py [--seeds 3] [--rows full,sample,if_only,vq_only,sde]
+    python bench/replicate.py [--seeds 3] [--rows full,sample,if_only,vq_only,sde,own_latents]
                               [--out runs/replicate] [--doc docs/replication.md]
 
 Each (row, seed) is one ``python -m wc_fast.train`` run of the ``cpu`` preset with that row's
@@ -41,11 +41,11 @@ from wc_fast.rewards.exploration import camera_motion  # noqa: E402
 
 ROWS = {"full": [], "sample": ["--rollout.mode", "sample"], "if_only": ["--reward.kind", "if"],
         "vq_only": ["--reward.kind", "vq"], "sde": ["--rollout.exploration", "sde"],
-        "fresh": ["--nft.latent_pairing", "fresh"]}
+        "own_latents": ["--nft.latent_pairing", "own"]}
 TITLES = {"base": "base model", "full": "full (clip-level, IF + VQ)",
           "sample": "sample-level rollouts", "if_only": "IF reward only",
           "vq_only": "VQ reward only", "sde": "same-noise SDE exploration",
-          "fresh": "full, latents of the fresh training noise in the update"}
+          "own_latents": "full, each candidate's own latents in the update"}
 
 
 def score(model_path: str | None, sequences: int, clips: int) -> dict:

@@ -64,8 +64,8 @@ class ModelConfig:
 
     ``motion_latent``: the model was pretrained with each clip's camera speed, turn rate and
     onset written into three directions of its noise (:mod:`wc_fast.models.motion_latent`),
-    so the candidates of one command move differently; RL training noise carries each
-    candidate's own latents.
+    so the candidates of one command move differently (``nft.latent_pairing`` says which
+    latents the RL update gives it).
     """
 
     resolution: int = 32
@@ -134,11 +134,12 @@ class NFTConfig:
     recompile); the compiled graphs are cached on disk for the next run. Timings in
     bench/RESULTS.md.
 
-    ``latent_pairing`` (models with motion latents): ``"own"`` trains each kept candidate with
-    the latents it was generated from, written into its training noise as pretraining does;
-    the model then already knows the candidate's motion, and the update has almost no motion
-    to learn. ``"fresh"`` leaves the training noise's own latents, so positives and negatives
-    teach every latent which motions to produce and to avoid.
+    ``latent_pairing`` (models with motion latents): ``"fresh"`` (default) gives the model the
+    latents of each noisy clip's fresh training noise, as the forward process draws them, so
+    positives and negatives teach every latent which motions to produce and to avoid.
+    ``"own"`` trains each kept candidate with the latents it was generated from, written into
+    its training noise as pretraining does; the model then already knows the candidate's
+    motion, and the update has almost no motion to learn (``tests/test_learnability.py``).
     """
 
     beta: float = 1.0
@@ -149,7 +150,7 @@ class NFTConfig:
     context_kv: ContextKv = "recompute"
     micro_batch: int = 0
     compile: bool = False
-    latent_pairing: LatentPairing = "own"
+    latent_pairing: LatentPairing = "fresh"
 
 
 @dataclass(slots=True)
