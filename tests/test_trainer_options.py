@@ -12,7 +12,7 @@ from wc_fast import trainer as trainer_module
 from wc_fast.ema import ema_decay
 from wc_fast.models import TinyWorldDiT
 from wc_fast.nft import group_advantages
-from wc_fast.optim import GroupedMuon
+from wc_fast.optim import GroupedMuon, freeze_untrained
 from wc_fast.train import main
 from wc_fast.trainer import Trainer
 
@@ -299,6 +299,39 @@ def test_soft_if_reaches_the_scores_at_the_smallest_threshold(monkeypatch):
 # two candidates, IF prefers the second, VQ the first: a_IF = (-1, 1)/sqrt(2) = -a_VQ
 S_IF, S_VQ = torch.tensor([[0.0, 1.0]]), torch.tensor([[1.0, 0.0]])
 HALF_SQRT2 = 0.5 ** 0.5
+
+
+def test_trainable_conditioning_updates_only_the_conditioning_weights(monkeypatch):
+    monkeypatch.setattr(Trainer, "_scores", _ranked_scores)
+    cfg = _config(optim__trainable="conditioning", train__init="base")
+    torch.manual_seed(cfg.train.seed)
+    model = TinyWorldDiT(cfg.model)
+    with torch.no_grad():  # a trained model: no zero-initialised gate or head blocks the gradient
+        for p in model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.02)
+    trainer = Trainer(cfg, model, torch.device("cpu"))
+    conditioning = {id(p) for p in model.conditioning_parameters()}
+    assert {id(model.key_embed.weight), id(model.final_modulation.weight),
+            id(model.blocks[0].modulation.weight)} <= conditioning
+    assert id(model.blocks[0].attn.qkv.weight) not in conditioning
+    stepped = {id(p) for opt in trainer.optimizers for g in opt.param_groups for p in g["params"]}
+    assert stepped == conditioning
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer.iteration(0)
+    changed = {name for name, p in model.named_parameters() if not torch.equal(before[name], p)}
+    names = {id(p): name for name, p in model.named_parameters()}
+    assert changed and changed <= {names[i] for i in conditioning}
+    assert "blocks.0.modulation.weight" in changed and "key_embed.weight" in changed
+
+
+def test_trainable_conditioning_needs_a_model_that_names_its_conditioning(monkeypatch):
+    cfg = _config(optim__trainable="conditioning", train__init="base")
+    with pytest.raises(TypeError, match="conditioning_parameters"):
+        freeze_untrained(torch.nn.Linear(2, 2), cfg.optim.trainable)
+    with pytest.raises(ValueError, match="optim.trainable"):
+        _config(optim__trainable="heads")
+    with pytest.raises(ValueError, match="optim.trainable.*train.init"):
+        _config(optim__trainable="conditioning")  # the smoke preset starts from a new model
 
 
 @pytest.mark.parametrize("kind,lam,want_second", [

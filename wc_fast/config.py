@@ -35,6 +35,7 @@ OldPrediction = Literal["old_model", "detached_current"]
 ContextKv = Literal["recompute", "recompute_grad", "reuse"]
 LatentPairing = Literal["own", "fresh"]
 Optimizer = Literal["muon", "adamw"]
+Trainable = Literal["all", "conditioning"]
 EmaSchedule = Literal["linear", "official", "constant"]
 Device = Literal["auto", "cpu", "cuda"]
 Distributed = Literal["ddp", "fsdp2"]
@@ -156,9 +157,18 @@ class NFTConfig:
 @dataclass(slots=True)
 class OptimConfig:
     """``muon``: Muon on the hidden 2-D weights and AdamW on the rest (embeddings, output
-    heads, norms and biases, which Muon is not meant for); ``adamw``: AdamW on everything."""
+    heads, norms and biases, which Muon is not meant for); ``adamw``: AdamW on everything.
+
+    ``trainable``: which weights RL updates. ``all``, as the paper; ``conditioning``, only the
+    pathway from the command to the network (the model's ``conditioning_parameters()``: action
+    and motion embeddings and every adaLN modulation). A small update batch's gradient is mostly
+    the candidates' appearance, which says nothing about the reward; frozen weights cannot soak
+    it up, so the update changes what each command does and little else (measured in
+    bench/RESULTS.md).
+    """
 
     optimizer: Optimizer = "muon"
+    trainable: Trainable = "all"
     lr: float = 1e-5
     weight_decay: float = 0.0
     grad_clip: float = 0.0
@@ -514,6 +524,10 @@ def validate(cfg: Config) -> None:
                  nf.compile)
     _require(bool(tr.out), "train.out", "a non-empty path", tr.out)
     _require(bool(tr.init), "train.init", "'base', 'random' or a weights path", tr.init)
+    # a new model's zero-initialised gates and output head pass the conditioning no gradient
+    _require(not (op.trainable == "conditioning" and tr.init == "random"), "optim.trainable",
+             "'all' when train.init is 'random' (a new model's zero-initialised output head "
+             "passes no gradient to the conditioning)", op.trainable)
     _require(tr.eval_sequences >= 1, "train.eval_sequences", "an integer >= 1",
              tr.eval_sequences)
     _require(tr.eval_clips >= 1, "train.eval_clips", "an integer >= 1", tr.eval_clips)

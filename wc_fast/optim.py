@@ -122,6 +122,21 @@ class ShardedMuon(GroupedMuon):
                 target.copy_(value)
 
 
+def freeze_untrained(model: nn.Module, trainable: str) -> None:
+    """Turn off the gradient of every weight ``optim.trainable`` leaves out (``all``: none;
+    ``conditioning``: all but ``model.conditioning_parameters()``)."""
+    if trainable == "all":
+        return
+    if trainable != "conditioning":
+        raise ValueError(f"trainable must be 'all' or 'conditioning', got {trainable!r}")
+    if not hasattr(model, "conditioning_parameters"):
+        raise TypeError(f"optim.trainable='conditioning' needs a model with "
+                        f"conditioning_parameters(); {type(model).__name__} has none")
+    keep = {id(p) for p in model.conditioning_parameters()}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in keep)
+
+
 def build_optimizers(model: nn.Module, cfg: OptimConfig, *, grouped: bool = True
                      ) -> list[Optimizer]:
     """``[Muon, AdamW]`` (``muon``) or ``[AdamW]`` (``adamw``).

@@ -31,7 +31,7 @@ from wc_fast.ema import ema_decay, ema_update
 from wc_fast.models import ContextCache, TinyWorldDiT
 from wc_fast.models.motion_latent import noise_latents, with_latents
 from wc_fast.nft import optimality, select_extremes
-from wc_fast.optim import build_optimizers
+from wc_fast.optim import build_optimizers, freeze_untrained
 from wc_fast.rewards import interaction_score, load_critic, load_estimator, vq_scores
 from wc_fast.rewards.exploration import (
     camera_motion,
@@ -116,6 +116,7 @@ class Trainer:
         self.sharded = cfg.train.distributed == "fsdp2" and world_size > 1
         self.model = model.to(device).train()
         self.old = copy.deepcopy(self.model).eval().requires_grad_(False)
+        freeze_untrained(self.model, cfg.optim.trainable)
         if self.sharded:
             shard_model(self.model, process_group, device.type)
             shard_model(self.old, process_group, device.type)

@@ -252,6 +252,15 @@ class TinyWorldDiT(nn.Module):
         return [p for module in (self.sigma_mlp, self.blocks) for p in module.parameters()
                 if p.ndim == 2]
 
+    def conditioning_parameters(self) -> list[nn.Parameter]:
+        """The weights between the command and the network: the key and motion-latent
+        embeddings and the adaLN modulation of every block and of the output head. They set
+        what each action (and latent) does to every frame, but not how a frame is drawn."""
+        modules = [self.key_embed, *(b.modulation for b in self.blocks), self.final_modulation]
+        if self.cfg.motion_latent:
+            modules.append(self.motion_embed)
+        return [p for module in modules for p in module.parameters()]
+
     @property
     def signature(self) -> tuple:
         c = self.cfg
