@@ -1,8 +1,8 @@
 """Drop-in ops for video-RL training: ``nft_loss``, ``flow_noise``, ``prefix_attention``,
 ``grpo_sde_loss`` and ``sde_log_prob``.
 
-Each op has a plain-PyTorch reference in :mod:`kernels.reference` (the spec) and fast backends
-chosen with ``backend=`` (see :mod:`kernels._backend`). This package imports nothing from
+Each op has a plain-PyTorch reference in :mod:`wc_kernels.reference` (the spec) and fast backends
+chosen with ``backend=`` (see :mod:`wc_kernels._backend`). This package imports nothing from
 ``wc_fast``.
 
 Needs torch >= 2.11 (the floor in ``pyproject.toml``: the oldest torch tested, the GPU
@@ -22,16 +22,16 @@ def check_torch_version(version: str) -> None:
     parts = re.match(r"(\d+)\.(\d+)", version)
     if parts is None or (int(parts[1]), int(parts[2])) < TORCH_MIN:
         need = ".".join(map(str, TORCH_MIN))
-        raise ImportError(f"kernels (wc_fast) needs torch >= {need}, the oldest version it is "
+        raise ImportError(f"wc_kernels (wc_fast) needs torch >= {need}, the oldest version it is "
                           f"tested with; installed: torch {version}. Upgrade with "
                           f'pip install "torch>={need}"')
 
 
 check_torch_version(torch.__version__)
 
-from kernels.flow_noise import flow_noise  # noqa: E402
-from kernels.grpo_sde_loss import grpo_sde_loss, sde_log_prob  # noqa: E402
-from kernels.nft_loss import nft_loss  # noqa: E402
-from kernels.prefix_attention import prefix_attention  # noqa: E402
+from wc_kernels.flow_noise import flow_noise  # noqa: E402
+from wc_kernels.grpo_sde_loss import grpo_sde_loss, sde_log_prob  # noqa: E402
+from wc_kernels.nft_loss import nft_loss  # noqa: E402
+from wc_kernels.prefix_attention import prefix_attention  # noqa: E402
 
 __all__ = ["nft_loss", "flow_noise", "prefix_attention", "grpo_sde_loss", "sde_log_prob"]
