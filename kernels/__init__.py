@@ -1,6 +1,13 @@
 """Drop-in ops for video-RL training: ``nft_loss``, ``flow_noise``, ``prefix_attention``,
 ``grpo_sde_loss`` and ``sde_log_prob``.
 
+The import name is ``wc_kernels``; this folder, ``kernels/``, is its source, which the build
+maps to that name (``setup.py``). The folder's own name is not an import name: ``kernels`` is
+also a PyPI package (the hub kernel loader that diffusers and transformers use), so a package
+of that name would shadow it or be shadowed by it. Imported as anything but ``wc_kernels`` (as
+``kernels``, with a checkout's root on ``sys.path``) this package raises ImportError, so its
+``torch.library`` ops are never registered twice.
+
 Each op has a plain-PyTorch reference in :mod:`wc_kernels.reference` (the spec) and fast backends
 chosen with ``backend=`` (see :mod:`wc_kernels._backend`). This package imports nothing from
 ``wc_fast``.
@@ -11,7 +18,15 @@ image's); an older torch fails here, at import, with both versions named.
 
 import re
 
-import torch
+if __name__ != "wc_kernels":
+    raise ImportError(
+        f"{__path__[0]} is the source of wc_fast's ops package, whose import name is wc_kernels, "
+        f"not {__name__!r}: import wc_kernels instead (pip install -e . maps the folder to that "
+        f"name). If you meant the PyPI package {__name__!r}: this folder shadows it because its "
+        f"parent directory is on sys.path (python -c and python -m put the current directory "
+        f"there); run from another directory.", name=__name__)
+
+import torch  # noqa: E402
 
 TORCH_MIN = (2, 11)
 
