@@ -1,4 +1,10 @@
-"""Build script: the optional native CPU extension ``kernels._native`` from ``csrc/``.
+"""Build script: the packages, and the optional native CPU extension ``wc_kernels._native``
+from ``csrc/``.
+
+The ops package's source is the ``kernels/`` folder and its import name ``wc_kernels``
+(``kernels`` is also a PyPI package, which diffusers and transformers import when it is
+installed): ``package_dir`` maps the one to the other, in wheels and in editable installs
+alike. The extension is built into ``kernels/`` for an editable install, as before.
 
 The package is pure Python plus Triton; the native extension only adds ``backend="native"``.
 It is built when torch is importable at build time (install with ``--no-build-isolation`` so
@@ -10,9 +16,19 @@ import os
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_namespace_packages, setup
 
 ROOT = Path(__file__).parent
+# import name -> source folder
+PACKAGE_DIR = {"wc_kernels": "kernels"}
+
+
+def packages() -> list[str]:
+    """wc_fast and its subpackages as they are, kernels/ and its subpackages as wc_kernels."""
+    found = find_namespace_packages(include=["wc_fast", "wc_fast.*", "kernels", "kernels.*"],
+                                    exclude=["*.__pycache__"])
+    return sorted("wc_kernels" + name[len("kernels"):] if name.split(".")[0] == "kernels"
+                  else name for name in found)
 
 
 def native_extensions() -> tuple[list, dict]:
@@ -42,7 +58,7 @@ def native_extensions() -> tuple[list, dict]:
     # No -std flag: BuildExtension passes the standard the installed torch's headers need.
     # -g0 drops the -g of Python's CFLAGS (debug info slows the build and bloats the library).
     ext = CppExtension(
-        "kernels._native",
+        "wc_kernels._native",
         sources,
         extra_compile_args=["-O3", "-fopenmp", "-g0"],
         extra_link_args=["-fopenmp"],
@@ -51,4 +67,4 @@ def native_extensions() -> tuple[list, dict]:
 
 
 ext_modules, cmdclass = native_extensions()
-setup(ext_modules=ext_modules, cmdclass=cmdclass)
+setup(packages=packages(), package_dir=PACKAGE_DIR, ext_modules=ext_modules, cmdclass=cmdclass)

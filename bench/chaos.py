@@ -37,8 +37,10 @@ def train_command(out: Path, steps: int, resume: bool) -> list[str]:
 
 def environment() -> dict[str, str]:
     """One CPU thread: a resumed run equals the uninterrupted one only at the same thread
-    count (reductions split differently across threads)."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    count (reductions split differently across threads). The caller's PYTHONPATH stays, after
+    the repository root: without an install it is what provides wc_kernels."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:

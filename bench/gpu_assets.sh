@@ -8,7 +8,8 @@
 # Clips are rendered on the CPU (4 threads per job), the networks train on the GPU. Writes
 # OUT_DIR/estimators.tgz (both estimators and every job's log), OUT_DIR/base_0.1.tgz and
 # OUT_DIR/base_0.0.tgz (weights, card, loss log) and OUT_DIR/assets.log. Needs nothing from a
-# registry: runs from the source tree with the machine's python3 and torch.
+# registry: runs from the source tree with the machine's python3 and torch
+# (bench/pythonpath.sh).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -18,7 +19,9 @@ py="${PYTHON:-python3}"
 device="${DEVICE:-cuda}"  # DEVICE=cpu for a dry run without a GPU
 work="$(mktemp -d)"
 mkdir -p "$out" "$work/assets"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+# wc_fast from the source tree, wc_kernels (the import name of kernels/) through a link
+PYTHONPATH=$(bash bench/pythonpath.sh "$work/pythonpath") || exit 1
+export PYTHONPATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 
 pids=()
 for which in reward eval; do

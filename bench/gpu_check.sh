@@ -3,9 +3,11 @@
 #
 #   bash bench/gpu_check.sh [OUT_DIR]        (default OUT_DIR: runs/gpu_check)
 #
-# Runs from a copy of the working tree: the packages are imported from the repository root
-# (PYTHONPATH), so nothing is installed. The native CPU extension (kernels._native) is not
-# built: nothing on the GPU needs it, and the tests and benchmarks that do skip without it.
+# Runs from a copy of the working tree, so nothing is installed: wc_fast is imported from the
+# repository root and wc_kernels (the import name of kernels/) through a link in a temporary
+# folder, both on PYTHONPATH (bench/pythonpath.sh). The native CPU extension
+# (wc_kernels._native) is not built: nothing on the GPU needs it, and the tests and benchmarks
+# that do skip without it.
 # Python is ${PYTHON:-python3} (the GPU image has no plain `python`).
 #
 # Steps, in order, each under a cap and under what is left of a fixed time budget; a step
@@ -37,7 +39,10 @@ dry_run="${GPU_CHECK_DRY_RUN:-0}"
 budget_s="${GPU_CHECK_BUDGET_S:-450}"
 max_files=8
 
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+links=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || exit 1
+trap 'rm -rf "$links"' EXIT
+PYTHONPATH=$(bash bench/pythonpath.sh "$links") || exit 1
+export PYTHONPATH
 export PYTHONDONTWRITEBYTECODE=1
 # Native Triton on the GPU: never the CPU interpreter (tests/conftest.py sets it only
 # without CUDA).
@@ -62,12 +67,12 @@ for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(f"device {i}: {p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}, "
           f"{p.multi_processor_count} SMs")
-import kernels, wc_fast
-print("kernels from", kernels.__file__, "| wc_fast from", wc_fast.__file__)
+import wc_kernels, wc_fast
+print("wc_kernels from", wc_kernels.__file__, "| wc_fast from", wc_fast.__file__)
 if torch.cuda.is_available():  # one small Triton launch: compiler and launcher work here
     try:
         x0, sig = torch.randn(2, 1000, device="cuda"), torch.rand(2, 3, device="cuda")
-        x_t, v = kernels.flow_noise(x0, sig, backend="triton")
+        x_t, v = wc_kernels.flow_noise(x0, sig, backend="triton")
         torch.cuda.synchronize()
         print("triton smoke test: flow_noise on CUDA ran, outputs", tuple(x_t.shape))
     except Exception as exc:  # reported, not fatal: eager and SDPA numbers still come

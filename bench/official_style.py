@@ -19,7 +19,6 @@ import time
 
 import torch
 
-from kernels import reference
 from wc_fast.actions import split_action
 from wc_fast.config import Config
 from wc_fast.ema import ema_decay
@@ -32,6 +31,7 @@ from wc_fast.rollout import generate_history
 from wc_fast.runtime import generator
 from wc_fast.sampler import ClipSampler, sigma_schedule
 from wc_fast.trainer import group_prompt
+from wc_kernels import reference
 
 
 class OfficialStyleIteration:

@@ -28,8 +28,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels import _backend, reference
+import wc_kernels
+from wc_kernels import _backend, reference
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not CUDA, reason="GPU benchmarks need a CUDA device")
@@ -58,7 +58,7 @@ def _attention(contender: str):
         return reference.prefix_attention
     if contender == "sdpa_replicated":
         return _sdpa_replicated
-    return lambda *ins: kernels.prefix_attention(*ins, backend=contender)
+    return lambda *ins: wc_kernels.prefix_attention(*ins, backend=contender)
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))

@@ -17,14 +17,14 @@ import importlib
 import pytest
 import torch
 
-from kernels import flow_noise, reference
+from wc_kernels import flow_noise, reference
 
-native = pytest.importorskip("kernels._native", reason="the native extension is not built")
+native = pytest.importorskip("wc_kernels._native", reason="the native extension is not built")
 
 NFT_SHAPES = ((4, 1 << 22), (1, 1 << 24))  # 16M elements as 4 rows and as one row
 SPACES = ("velocity", "x0")
 REDUCTIONS = ("mean", "sum", "none")
-# "public" is kernels.nft_loss(backend="native") with autograd, when that backend is wired;
+# "public" is wc_kernels.nft_loss(backend="native") with autograd, when that backend is wired;
 # "native" (last: it reads the others' times) calls the extension directly.
 CONTENDERS = ("eager", "compile", "public", "native")
 FLOW_SHAPE = (6, 20, 16 * 4 * 16 * 16)  # S, K, D: 6 clean latents at 20 sigmas, 2M outputs
@@ -61,9 +61,9 @@ def _reduced_reference(loss_fn, reduction: str):
 
 def _public_nft_loss(reduction: str):
     """The public op, or a skip when its native backend is not wired yet."""
-    module = importlib.import_module("kernels.nft_loss")
+    module = importlib.import_module("wc_kernels.nft_loss")
     if "native" not in module.IMPLEMENTED:
-        pytest.skip("kernels.nft_loss has no native backend yet")
+        pytest.skip("wc_kernels.nft_loss has no native backend yet")
     return lambda *args, **kw: module.nft_loss(*args, **kw, reduction=reduction,
                                                backend="native")
 
@@ -165,7 +165,7 @@ def _grpo_callable(contender: str, inputs: tuple):
     """The loss and its gradient w.r.t. model_output through autograd."""
     model_output, *rest, ref_output = inputs
     if contender == "public":
-        from kernels import grpo_sde_loss
+        from wc_kernels import grpo_sde_loss
 
         loss_fn = lambda *a, **kw: grpo_sde_loss(*a, **kw, backend="native")
     else:

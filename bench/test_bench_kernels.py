@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from wc_kernels import reference
 
 CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not CUDA, reason="GPU benchmarks need a CUDA device")
@@ -76,7 +76,7 @@ def _bench(benchmark, fn, bytes_moved: int, copy_bw: float) -> None:
 
 
 def _ops():
-    from kernels import _ops
+    from wc_kernels import _ops
 
     return _ops
 
@@ -148,7 +148,7 @@ def test_flow_noise(benchmark, dtype, contender, copy_bandwidth):
 
 def _grpo_contender(contender: str, inputs: tuple):
     """A no-argument callable returning (loss, dloss/dmodel_output)."""
-    from kernels import grpo_sde_loss
+    from wc_kernels import grpo_sde_loss
 
     model_output, *rest, ref_output = inputs
     if contender == "triton":

@@ -1,4 +1,4 @@
-// Native CPU kernels of the fused ops, the extension module `kernels._native`:
+// Native CPU kernels of the fused ops, the extension module `wc_kernels._native`:
 //   nft_loss_fwd(v_theta, v_old, v_target, r, sigma_or_None, beta, x0, grad_scale)
 //     -> (loss [B], grad_scale * dloss/dv_theta [B, D])
 //   flow_noise(x0 [S, D], sigmas [S, K], noise [S*K, D]) -> (x_t, v_target) [S*K, D]
@@ -271,7 +271,7 @@ class HugePageAllocator final : public c10::Allocator {
     const size_t size = (nbytes + kHugePage - 1) / kHugePage * kHugePage;
     void* ptr = nullptr;
     TORCH_CHECK(posix_memalign(&ptr, kHugePage, size) == 0,
-                "kernels._native: out of memory allocating ", size, " bytes");
+                "wc_kernels._native: out of memory allocating ", size, " bytes");
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     madvise(ptr, size, MADV_HUGEPAGE);
 #endif
@@ -595,7 +595,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   using namespace wc_native;
   m.doc() = "Native CPU kernels of the fused ops nft_loss, flow_noise and grpo_sde_loss "
-          "(kernels._native).";
+          "(wc_kernels._native).";
   m.def("nft_loss_fwd", &nft_loss_fwd, py::arg("v_theta"), py::arg("v_old"),
         py::arg("v_target"), py::arg("r"), py::arg("sigma"), py::arg("beta"), py::arg("x0"),
         py::arg("grad_scale") = 1.0, py::call_guard<py::gil_scoped_release>(),

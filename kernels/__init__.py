@@ -1,8 +1,15 @@
 """Drop-in ops for video-RL training: ``nft_loss``, ``flow_noise``, ``prefix_attention``,
 ``grpo_sde_loss`` and ``sde_log_prob``.
 
-Each op has a plain-PyTorch reference in :mod:`kernels.reference` (the spec) and fast backends
-chosen with ``backend=`` (see :mod:`kernels._backend`). This package imports nothing from
+The import name is ``wc_kernels``; this folder, ``kernels/``, is its source, which the build
+maps to that name (``setup.py``). The folder's own name is not an import name: ``kernels`` is
+also a PyPI package (the hub kernel loader that diffusers and transformers use), so a package
+of that name would shadow it or be shadowed by it. Imported as anything but ``wc_kernels`` (as
+``kernels``, with a checkout's root on ``sys.path``) this package raises ImportError, so its
+``torch.library`` ops are never registered twice.
+
+Each op has a plain-PyTorch reference in :mod:`wc_kernels.reference` (the spec) and fast backends
+chosen with ``backend=`` (see :mod:`wc_kernels._backend`). This package imports nothing from
 ``wc_fast``.
 
 Needs torch >= 2.11 (the floor in ``pyproject.toml``: the oldest torch tested, the GPU
@@ -11,7 +18,15 @@ image's); an older torch fails here, at import, with both versions named.
 
 import re
 
-import torch
+if __name__ != "wc_kernels":
+    raise ImportError(
+        f"{__path__[0]} is the source of wc_fast's ops package, whose import name is wc_kernels, "
+        f"not {__name__!r}: import wc_kernels instead (pip install -e . maps the folder to that "
+        f"name). If you meant the PyPI package {__name__!r}: this folder shadows it because its "
+        f"parent directory is on sys.path (python -c and python -m put the current directory "
+        f"there); run from another directory.", name=__name__)
+
+import torch  # noqa: E402
 
 TORCH_MIN = (2, 11)
 
@@ -22,16 +37,16 @@ def check_torch_version(version: str) -> None:
     parts = re.match(r"(\d+)\.(\d+)", version)
     if parts is None or (int(parts[1]), int(parts[2])) < TORCH_MIN:
         need = ".".join(map(str, TORCH_MIN))
-        raise ImportError(f"kernels (wc_fast) needs torch >= {need}, the oldest version it is "
+        raise ImportError(f"wc_kernels (wc_fast) needs torch >= {need}, the oldest version it is "
                           f"tested with; installed: torch {version}. Upgrade with "
                           f'pip install "torch>={need}"')
 
 
 check_torch_version(torch.__version__)
 
-from kernels.flow_noise import flow_noise  # noqa: E402
-from kernels.grpo_sde_loss import grpo_sde_loss, sde_log_prob  # noqa: E402
-from kernels.nft_loss import nft_loss  # noqa: E402
-from kernels.prefix_attention import prefix_attention  # noqa: E402
+from wc_kernels.flow_noise import flow_noise  # noqa: E402
+from wc_kernels.grpo_sde_loss import grpo_sde_loss, sde_log_prob  # noqa: E402
+from wc_kernels.nft_loss import nft_loss  # noqa: E402
+from wc_kernels.prefix_attention import prefix_attention  # noqa: E402
 
 __all__ = ["nft_loss", "flow_noise", "prefix_attention", "grpo_sde_loss", "sde_log_prob"]

@@ -37,8 +37,8 @@ def _importable(module: str) -> bool:
 
 
 def native_built() -> bool:
-    """Whether the optional C++ extension ``kernels._native`` was built and loads."""
-    return _importable("kernels._native")
+    """Whether the optional C++ extension ``wc_kernels._native`` was built and loads."""
+    return _importable("wc_kernels._native")
 
 
 def unavailable_reason(backend: str, device: torch.device) -> str | None:
@@ -52,13 +52,13 @@ def unavailable_reason(backend: str, device: torch.device) -> str | None:
             return None
         if device.type == "cpu":
             return ("Triton on CPU tensors needs TRITON_INTERPRET=1 in the environment before "
-                    "kernels is imported")
+                    "wc_kernels is imported")
         return f"Triton kernels run on CUDA devices, not {device.type}"
     if backend == "native":
         if device.type != "cpu":
             return f"the native backend runs on CPU tensors, not {device.type}"
         if not native_built():
-            return ("the native extension kernels._native is not built; reinstall with "
+            return ("the native extension wc_kernels._native is not built; reinstall with "
                     "pip install --no-build-isolation -e . (without WC_FAST_NO_NATIVE=1)")
         return None
     if backend == "split":

@@ -3,7 +3,7 @@
 Importing this module registers (the public ops import it when they first use a fast backend):
 
 - ``wc_fast::nft_loss_fwd`` and ``wc_fast::flow_noise``: Triton on CUDA; on CPU the native
-  kernel (``kernels._native``) when it is built, else Triton under ``TRITON_INTERPRET=1``.
+  kernel (``wc_kernels._native``) when it is built, else Triton under ``TRITON_INTERPRET=1``.
 - ``wc_fast::nft_loss_fwd_triton`` and ``wc_fast::flow_noise_triton``: Triton on every device,
   so that ``backend="triton"`` reaches the Triton kernels on CPU tensors even when the native
   kernel owns the CPU dispatch key of the main op.
@@ -13,8 +13,8 @@ implementations are ``torch.library.triton_op`` so ``torch.compile`` sees (and I
 compile) the kernels; under the interpreter they are opaque custom ops. Without ``triton``
 installed only the native CPU kernels are registered; with neither, no op is.
 
-Signatures (all tensors 2-D, rows flattened by the public ops in :mod:`kernels.nft_loss` and
-:mod:`kernels.flow_noise`):
+Signatures (all tensors 2-D, rows flattened by the public ops in :mod:`wc_kernels.nft_loss` and
+:mod:`wc_kernels.flow_noise`):
 
 - ``nft_loss_fwd(v_theta, v_old, v_target [B, D], r [B], sigma [B] | None, beta, x0,
   grad_scale=1.0) -> (loss [B] fp32 (fp64 for fp64 inputs), grad [B, D])`` with
@@ -29,7 +29,7 @@ Signatures (all tensors 2-D, rows flattened by the public ops in :mod:`kernels.n
   ``dnoise = sig * g_xt + g_v``, ``dsigmas[s, j] = <g_xt[s*K+j], noise[s*K+j] - x0[s]>``.
 
 Shared-prefix attention (Triton on every device, in ``ATTENTION_OPS``; see
-:mod:`kernels._triton.prefix_attention`):
+:mod:`wc_kernels._triton.prefix_attention`):
 
 - ``wc_fast::prefix_attention_fwd(q [B, H, L, D], k, v [B, H, Lk, D], prefix_k, prefix_v
   [1, H, P, D], scale) -> (out [B, H, L, D], lse [B, H, L] fp32)``. Backward:
@@ -37,7 +37,7 @@ Shared-prefix attention (Triton on every device, in ``ATTENTION_OPS``; see
   -> (dq, dk, dv, dprefix_k, dprefix_v)``; ``lse`` gets no gradient.
 
 GRPO's SDE loss (in ``GRPO_OPS``, with ``_triton`` twins as above; see
-:mod:`kernels._triton.grpo_sde_loss`):
+:mod:`wc_kernels._triton.grpo_sde_loss`):
 
 - ``wc_fast::sde_residual_sums(model_output, sample, prev_sample [B, D], ref_output [B, D] |
   None, coef [B, 2]) -> sums [B, 2]`` (fp32, fp64 for fp64 inputs) with
@@ -54,8 +54,8 @@ import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
-from kernels._backend import native_built, triton_interpreting
-from kernels.reference import compute_dtype
+from wc_kernels._backend import native_built, triton_interpreting
+from wc_kernels.reference import compute_dtype
 
 try:
     import triton  # noqa: F401
@@ -78,7 +78,7 @@ TRITON_TWIN = "_triton"
 def _nft_native(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
                 sigma: Tensor | None, beta: float, x0: bool, grad_scale: float = 1.0
                 ) -> tuple[Tensor, Tensor]:
-    from kernels import _native
+    from wc_kernels import _native
 
     sig = None if sigma is None else sigma.to(torch.float32).contiguous()
     return _native.nft_loss_fwd(v_theta.contiguous(), v_old.contiguous(), v_target.contiguous(),
@@ -124,7 +124,7 @@ def _nft_backward(ctx: Any, grad_loss: Tensor | None, _grad_grad: Tensor | None)
 # flow_noise --------------------------------------------------------------------------------
 
 def _flow_native(x0: Tensor, sigmas: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
-    from kernels import _native
+    from wc_kernels import _native
 
     return _native.flow_noise(x0.contiguous(), sigmas.to(torch.float32).contiguous(),
                               noise.contiguous())
@@ -184,7 +184,7 @@ def _attn_backward(ctx: Any, grad_out: Tensor, _grad_lse: Tensor | None) -> tupl
 
 
 def _define_attention() -> None:
-    from kernels._triton.prefix_attention import prefix_attention_bwd, prefix_attention_fwd
+    from wc_kernels._triton.prefix_attention import prefix_attention_bwd, prefix_attention_fwd
 
     backward = _define(PREFIX_ATTENTION_BWD, prefix_attention_bwd, None, native=False)
     backward.register_fake(_attn_bwd_fake)
@@ -229,7 +229,7 @@ def _sde_backward(backward: Any, ctx: Any, grad_sums: Tensor) -> tuple:
 
 def _sde_native(model_output: Tensor, sample: Tensor, prev_sample: Tensor,
                 ref_output: Tensor | None, coef: Tensor) -> Tensor:
-    from kernels import _native
+    from wc_kernels import _native
 
     ref = None if ref_output is None else ref_output.contiguous()
     return _native.sde_residual_sums(model_output.contiguous(), sample.contiguous(),
@@ -238,7 +238,7 @@ def _sde_native(model_output: Tensor, sample: Tensor, prev_sample: Tensor,
 
 def _sde_bwd_native(weights: Tensor, model_output: Tensor, sample: Tensor, prev_sample: Tensor,
                     ref_output: Tensor | None, coef: Tensor) -> Tensor:
-    from kernels import _native
+    from wc_kernels import _native
 
     ref = None if ref_output is None else ref_output.contiguous()
     return _native.sde_residual_sums_bwd(weights.contiguous(), model_output.contiguous(),
@@ -250,8 +250,8 @@ def _define_grpo(suffix: str, native: bool) -> None:
     """``sde_residual_sums`` + ``suffix`` and its backward op into ``GRPO_OPS``."""
     launch = launch_bwd = None
     if HAVE_TRITON:
-        from kernels._triton.grpo_sde_loss import sde_residual_sums as launch
-        from kernels._triton.grpo_sde_loss import sde_residual_sums_bwd as launch_bwd
+        from wc_kernels._triton.grpo_sde_loss import sde_residual_sums as launch
+        from wc_kernels._triton.grpo_sde_loss import sde_residual_sums_bwd as launch_bwd
     backward = _define(SDE_SUMS_BWD + suffix, launch_bwd, _sde_bwd_native, native)
     backward.register_fake(_sde_bwd_fake)
     forward = _define(SDE_SUMS + suffix, launch, _sde_native, native)
@@ -304,7 +304,7 @@ def _opaque_on_cpu(op: Any) -> None:
 def _define_nft(name: str, native: bool) -> Any:
     launch = None
     if HAVE_TRITON:
-        from kernels._triton.nft_loss import nft_loss_fwd as launch
+        from wc_kernels._triton.nft_loss import nft_loss_fwd as launch
     op = _define(name, launch, _nft_native, native)
     op.register_fake(_nft_fake)
     op.register_autograd(_nft_backward, setup_context=_nft_setup_context)
@@ -314,7 +314,7 @@ def _define_nft(name: str, native: bool) -> Any:
 def _define_flow(name: str, native: bool) -> Any:
     launch = None
     if HAVE_TRITON:
-        from kernels._triton.flow_noise import flow_noise as launch
+        from wc_kernels._triton.flow_noise import flow_noise as launch
     op = _define(name, launch, _flow_native, native)
     op.register_fake(_flow_fake)
     op.register_autograd(_flow_backward, setup_context=_flow_setup_context)

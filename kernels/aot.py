@@ -1,8 +1,8 @@
-"""``python -m kernels.aot``: compile every Triton kernel ahead of time for sm_90 (Hopper).
+"""``python -m wc_kernels.aot``: compile every Triton kernel ahead of time for sm_90 (Hopper).
 
 Each CUDA launch configuration the launchers use (kernel, input dtype, constexprs, warps; see
-``aot_configs()`` in :mod:`kernels._triton.nft_loss`, :mod:`kernels._triton.flow_noise`,
-:mod:`kernels._triton.grpo_sde_loss` and :mod:`kernels._triton.prefix_attention`) is
+``aot_configs()`` in :mod:`wc_kernels._triton.nft_loss`, :mod:`wc_kernels._triton.flow_noise`,
+:mod:`wc_kernels._triton.grpo_sde_loss` and :mod:`wc_kernels._triton.prefix_attention`) is
 compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``; no GPU is
 needed. Registers and spills come from the ptxas bundled with Triton, run with ``-v`` on the
 generated PTX with the flags Triton itself uses; shared memory from the kernel metadata.
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels._backend import triton_interpreting
+from wc_kernels._backend import triton_interpreting
 
 ARCH = 90
 WARP_SIZE = 32
@@ -53,7 +53,7 @@ class Row:
 
 
 def _configs() -> list:
-    from kernels._triton import flow_noise, grpo_sde_loss, nft_loss, prefix_attention
+    from wc_kernels._triton import flow_noise, grpo_sde_loss, nft_loss, prefix_attention
 
     return (nft_loss.aot_configs() + flow_noise.aot_configs() + grpo_sde_loss.aot_configs()
             + prefix_attention.aot_configs())
@@ -126,14 +126,19 @@ def _rerun_without_interpreter(argv: list[str]) -> int:
     """Triton's code generator cannot run in a process whose kernels (its own standard library
     included) were created for the interpreter, so compile in a fresh one."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "kernels.aot", *argv], env=env).returncode
+    # The child finds wc_kernels as this process did: through an install (which it inherits),
+    # or through the folder on the path that holds it under that name (a wheel's
+    # site-packages, or a link wc_kernels -> kernels/: bench/pythonpath.sh), added here too.
+    package = Path(__file__).absolute().parent
+    if package.name == "wc_kernels":
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package.parent),
+                                                          env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "wc_kernels.aot", *argv], env=env).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m kernels.aot",
+        prog="python -m wc_kernels.aot",
         description="AOT-compile every Triton kernel for sm_90; exit 1 on a compile error or "
                     "a register spill.")
     parser.parse_args(argv)

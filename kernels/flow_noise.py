@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernels import _checks, reference
-from kernels._backend import resolve
+from wc_kernels import _checks, reference
+from wc_kernels._backend import resolve
 
 IMPLEMENTED = ("reference", "triton", "native")
 
@@ -50,7 +50,7 @@ def flow_noise(
     ``noise``.
 
     ``backend="triton"`` / ``"native"`` run the fused op ``wc_fast::flow_noise`` (see
-    :mod:`kernels._ops`), which reads each clean row once for all its K outputs; ``sigmas``
+    :mod:`wc_kernels._ops`), which reads each clean row once for all its K outputs; ``sigmas``
     are used in fp32 and non-contiguous inputs are copied first. ``check_values=False`` skips
     the host-side range check of ``sigmas`` (a device sync on CUDA).
     """
@@ -62,7 +62,7 @@ def flow_noise(
     chosen = resolve("flow_noise", backend, x0.device, IMPLEMENTED)
     if chosen == "reference":
         return reference.flow_noise(x0, sigmas, noise)
-    from kernels import _ops
+    from wc_kernels import _ops
 
     op = _ops.op_for(_ops.FLOW_NOISE, chosen, x0.device)
     x_t, v_target = op(x0.reshape(s, -1), sigmas, noise.reshape(s * k, -1))

@@ -8,9 +8,9 @@ import math
 import torch
 from torch import Tensor
 
-from kernels import _checks, reference
-from kernels._backend import resolve
-from kernels.reference import compute_dtype
+from wc_kernels import _checks, reference
+from wc_kernels._backend import resolve
+from wc_kernels.reference import compute_dtype
 
 IMPLEMENTED = ("reference", "triton", "native")
 LOG_SQRT_2PI = math.log(math.sqrt(2.0 * math.pi))
@@ -87,7 +87,7 @@ def _fused_stats(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigm
                  sigma_max: float | None, backend: str) -> tuple[Tensor, Tensor]:
     """``log_prob [B]`` and ``kl [B]`` from one fused pass of ``backend`` ("triton" or
     "native") over the rows (``kl`` zero without ``ref_output``)."""
-    from kernels import _ops
+    from wc_kernels import _ops
 
     acc = compute_dtype(model_output.dtype)
     b = model_output.shape[0]

@@ -6,8 +6,8 @@ import math
 
 from torch import Tensor
 
-from kernels import _checks, reference
-from kernels._backend import resolve
+from wc_kernels import _checks, reference
+from wc_kernels._backend import resolve
 
 SPACES = ("velocity", "x0")
 REDUCTIONS = ("mean", "sum", "none")
@@ -71,7 +71,7 @@ def nft_loss(
     example ``1 / total`` when the samples of one step come in several calls).
 
     ``backend="triton"`` / ``"native"`` run the fused op ``wc_fast::nft_loss_fwd`` (see
-    :mod:`kernels._ops`): one pass over the inputs (two for ``x0``) yields the per-sample loss
+    :mod:`wc_kernels._ops`): one pass over the inputs (two for ``x0``) yields the per-sample loss
     and the gradient already multiplied by the reduction's factor and ``scale``, so the
     backward of ``loss.backward()`` has nothing left to do (on CPU; on CUDA it multiplies by
     the upstream gradient). ``r`` and ``sigma`` are used in fp32 and non-contiguous inputs
@@ -92,7 +92,7 @@ def nft_loss(
         per_sample = reference.nft_loss(v_theta, v_old, v_target, r, beta=float(beta),
                                         sigma=sigma, space=space)
     else:
-        from kernels import _ops
+        from wc_kernels import _ops
 
         op = _ops.op_for(_ops.NFT_LOSS, chosen, v_theta.device)
         x0 = space == "x0"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernels import _checks, reference
-from kernels._backend import resolve
-from kernels._prefix_flex import flex_prefix_attention
-from kernels._prefix_split import split_prefix_attention
-from kernels._prefix_xformers import xformers_prefix_attention
+from wc_kernels import _checks, reference
+from wc_kernels._backend import resolve
+from wc_kernels._prefix_flex import flex_prefix_attention
+from wc_kernels._prefix_split import split_prefix_attention
+from wc_kernels._prefix_xformers import xformers_prefix_attention
 
 IMPLEMENTED = ("reference", "triton", "split", "flex", "flash_attn", "xformers")
 _HALF = (torch.float16, torch.bfloat16)
@@ -28,9 +28,9 @@ def _min_head_dim(backend: str, device: torch.device) -> int:
 
 def triton_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
                             prefix_v: Tensor, scale: float) -> Tensor:
-    """The fused Triton kernels (:mod:`kernels._triton.prefix_attention`) through the
+    """The fused Triton kernels (:mod:`wc_kernels._triton.prefix_attention`) through the
     registered op ``wc_fast::prefix_attention_fwd`` and its autograd."""
-    from kernels import _ops
+    from wc_kernels import _ops
 
     return _ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION](q, k, v, prefix_k, prefix_v, scale)[0]
 
@@ -38,7 +38,7 @@ def triton_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
 def flash_attn_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
                                 prefix_v: Tensor, scale: float) -> Tensor:
     """The split path with the ``flash-attn`` library's CUDA kernels as its partials."""
-    from kernels._prefix_flash_attn import flash_attn_kernels
+    from wc_kernels._prefix_flash_attn import flash_attn_kernels
 
     return split_prefix_attention(q, k, v, prefix_k, prefix_v, scale, flash_attn_kernels())
 

@@ -1,4 +1,4 @@
-"""``python -m kernels.aot`` compiles every Triton kernel for sm_90 without a GPU."""
+"""``python -m wc_kernels.aot`` compiles every Triton kernel for sm_90 without a GPU."""
 
 import os
 import subprocess
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import triton
 
-from kernels import aot
-from kernels._triton.flow_noise import aot_configs as flow_configs
+from wc_kernels import aot
+from wc_kernels._triton.flow_noise import aot_configs as flow_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,7 +19,7 @@ def test_command_compiles_every_kernel_without_spills():
     it re-runs itself without the interpreter, since Triton cannot compile interpreted kernels."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-m", "kernels.aot"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "wc_kernels.aot"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     rows = [line.split() for line in proc.stdout.splitlines()[2:] if line.endswith(" ok")]
@@ -57,8 +57,8 @@ def test_exit_status_is_one_on_any_failure(monkeypatch, capsys, failure):
 
 FP64_SCALE = """
 from dataclasses import replace
-from kernels import aot
-from kernels._triton.prefix_attention import aot_configs
+from wc_kernels import aot
+from wc_kernels._triton.prefix_attention import aot_configs
 picked = {}
 for config in aot_configs():
     picked.setdefault((config.kernel.fn.__name__, config.dtype), config)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import _backend
+from wc_kernels import _backend
 
 
 def test_reference_always_resolves():
@@ -24,7 +24,7 @@ def test_auto_prefers_native_on_cpu_when_built(monkeypatch):
 
 def test_unavailable_backend_raises_with_reason(monkeypatch):
     monkeypatch.setattr(_backend, "native_built", lambda: False)
-    with pytest.raises(RuntimeError, match="native extension kernels._native is not built"):
+    with pytest.raises(RuntimeError, match="native extension wc_kernels._native is not built"):
         _backend.resolve("op", "native", torch.device("cpu"), ("reference", "native"))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):

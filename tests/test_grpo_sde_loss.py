@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import _backend, _ops, _triton, grpo_sde_loss, reference, sde_log_prob
+from wc_kernels import _backend, _ops, _triton, grpo_sde_loss, reference, sde_log_prob
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = pytest.mark.gpu
@@ -28,7 +28,7 @@ SHAPES = [(1, 37), (5, 37), (1, 1000), (5, 1000), (2, 70001), (3, 4, 5, 7)]  # [
 def poison_outputs():
     hooks = [_triton.set_poison_outputs]
     if NATIVE:
-        from kernels import _native
+        from wc_kernels import _native
 
         hooks.append(_native.set_poison_outputs)
     for hook in hooks:
@@ -186,7 +186,7 @@ _TRACE_SCRIPT = """
 import torch
 from torch._subclasses.functional_tensor import dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
-from kernels import _ops
+from wc_kernels import _ops
 
 def kernels_in(op, args):
     gm = make_fx(dispatch_functionalize(op), tracing_mode="fake")(*args)
@@ -220,8 +220,8 @@ def test_triton_op_traces_without_interpreter():
 def test_native_every_instruction_set_matches_triton(dtype, cols):
     """Every instruction set's inner loops (block tails, chunked rows, fp16 via F16C) give the
     Triton kernels' sums and gradient."""
-    from kernels import _native
-    from kernels._triton.grpo_sde_loss import sde_residual_sums, sde_residual_sums_bwd
+    from wc_kernels import _native
+    from wc_kernels._triton.grpo_sde_loss import sde_residual_sums, sde_residual_sums_bwd
 
     m, x, p, r, coef = _sums_args(b=3, d=cols, dtype=dtype)
     m = m.detach()

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kernels import reference
+from wc_kernels import reference
 
 NOISE_LEVEL, CLIP, ADV_MAX, SIGMA_MAX = 0.7, 0.2, 5.0, 0.98
 

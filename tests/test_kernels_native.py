@@ -1,4 +1,4 @@
-"""The native C++ kernels (``kernels._native``) against the plain-PyTorch reference.
+"""The native C++ kernels (``wc_kernels._native``) against the plain-PyTorch reference.
 
 The pybind functions are called directly, and through the public ops with
 ``backend="native"`` when those are wired to them. Every test runs with output poisoning on:
@@ -12,10 +12,10 @@ import importlib
 import pytest
 import torch
 
-from kernels import reference
+from wc_kernels import reference
 
 native = pytest.importorskip(
-    "kernels._native",
+    "wc_kernels._native",
     reason="the native extension is not built (pip install --no-build-isolation -e .)",
 )
 
@@ -251,9 +251,9 @@ def test_set_isa_rejects_unknown_names():
 
 def _public_module(name: str):
     """The module of a public op, skipping when it does not offer the native backend yet."""
-    module = importlib.import_module(f"kernels.{name}")
+    module = importlib.import_module(f"wc_kernels.{name}")
     if "native" not in module.IMPLEMENTED:
-        pytest.skip(f"kernels.{name} is not wired to the native backend")
+        pytest.skip(f"wc_kernels.{name} is not wired to the native backend")
     return module
 
 

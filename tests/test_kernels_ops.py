@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import _backend, _ops, flow_noise, nft_loss
-from kernels._triton.flow_noise import flow_noise as launch_flow
-from kernels._triton.nft_loss import nft_loss_fwd as launch_nft
+from wc_kernels import _backend, _ops, flow_noise, nft_loss
+from wc_kernels._triton.flow_noise import flow_noise as launch_flow
+from wc_kernels._triton.nft_loss import nft_loss_fwd as launch_nft
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE = _backend.native_built()
@@ -64,7 +64,7 @@ def test_cpu_kernels_are_native_when_built_else_triton():
     main_nft = _ops.OPS[_ops.NFT_LOSS](*nft)
     main_flow = _ops.OPS[_ops.FLOW_NOISE](*flow)
     if NATIVE:
-        from kernels import _native
+        from wc_kernels import _native
 
         want_nft, want_flow = _native.nft_loss_fwd(*nft), _native.flow_noise(*flow)
     else:
@@ -141,7 +141,7 @@ def test_unavailable_backend_under_compile_raises():
     vt, vo, vs, r, *_ = _nft_args(x0=False)
     if NATIVE:
         pytest.skip("the native backend is built here")
-    with pytest.raises(Exception, match="native extension kernels._native is not built"):
+    with pytest.raises(Exception, match="native extension wc_kernels._native is not built"):
         torch.compile(f, fullgraph=True, backend="aot_eager")(vt, vo, vs, r)
 
 
@@ -149,7 +149,7 @@ _TRACE_SCRIPT = """
 import torch
 from torch._subclasses.functional_tensor import dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
-from kernels import _backend, _ops, nft_loss
+from wc_kernels import _backend, _ops, nft_loss
 
 def kernels_in(op, args):
     gm = make_fx(dispatch_functionalize(op), tracing_mode="fake")(*args)

@@ -1,7 +1,7 @@
 """Fast backends of ``nft_loss`` and ``flow_noise`` against ``backend="reference"``.
 
 Every fast backend available here runs: ``triton`` (under ``TRITON_INTERPRET=1`` on CPU, set by
-conftest) and ``native`` when ``kernels._native`` is built. Outputs are NaN-poisoned before the
+conftest) and ``native`` when ``wc_kernels._native`` is built. Outputs are NaN-poisoned before the
 kernels run, so an element a kernel forgets to write fails the comparison. Sizes are odd
 (1, 3, 1000, 65537 elements per row; 65537 also crosses the chunk split of the row) and small,
 since every interpreted Triton program costs milliseconds.
@@ -10,7 +10,7 @@ since every interpreted Triton program costs milliseconds.
 import pytest
 import torch
 
-from kernels import _backend, flow_noise, nft_loss
+from wc_kernels import _backend, flow_noise, nft_loss
 
 GPU = pytest.mark.gpu
 CPU_BACKENDS = ["triton"] + (["native"] if _backend.native_built() else [])
@@ -28,11 +28,11 @@ DTYPES = [pytest.param(d, id=name) for d, name in ((torch.float32, "fp32"),
 @pytest.fixture(autouse=True)
 def poison_outputs():
     """Fill the kernels' output buffers with NaN before they run."""
-    from kernels import _triton
+    from wc_kernels import _triton
 
     native = None
     if _backend.native_built():
-        from kernels import _native as native
+        from wc_kernels import _native as native
     for hook in (_triton.set_poison_outputs, getattr(native, "set_poison_outputs", None)):
         if hook is not None:
             hook(True)
@@ -237,8 +237,8 @@ def test_bad_inputs_rejected(backend, device):
 
 def test_launchers_reject_bad_operands():
     """The Triton launchers check shapes, dtypes and devices themselves (for direct op users)."""
-    from kernels._triton.flow_noise import flow_noise as launch_flow
-    from kernels._triton.nft_loss import nft_loss_fwd
+    from wc_kernels._triton.flow_noise import flow_noise as launch_flow
+    from wc_kernels._triton.nft_loss import nft_loss_fwd
 
     vt, vo, vs, r, sigma = _nft_inputs((2, 3), torch.float32, "cpu")
     with pytest.raises(ValueError, match="v_theta must be"):

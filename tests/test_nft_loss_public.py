@@ -4,7 +4,7 @@ backward that skips its pass when the forward already applied the upstream gradi
 import pytest
 import torch
 
-from kernels import _backend, _ops, nft_loss, reference
+from wc_kernels import _backend, _ops, nft_loss, reference
 
 BACKENDS = ["reference", "triton"] + (["native"] if _backend.native_built() else [])
 FUSED = [b for b in BACKENDS if b != "reference"]

@@ -102,7 +102,8 @@ def test_sigterm_checkpoints_and_the_resumed_run_equals_the_uninterrupted_one(tm
     args = ["--preset", "smoke", "--steps", "6", "--train.ckpt_every", "100"]
     stopped, full = tmp_path / "stopped", tmp_path / "full"
     # as many threads as this process, so both halves of the run round alike
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen([sys.executable, "-m", "wc_fast.train", *args, "--out",
                              str(stopped)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-import kernels
-from kernels import reference
+import wc_kernels
+from wc_kernels import reference
 
 CASES = [  # (B, H, P, Lq, Lk, D)
     (1, 1, 1, 1, 1, 1),
@@ -30,7 +30,7 @@ def _inputs(case, dtype, seed=0, device="cpu"):
 @pytest.mark.parametrize("case", CASES)
 def test_split_matches_reference(case, dtype):
     ins = _inputs(case, dtype)
-    out = kernels.prefix_attention(*ins, backend="split")
+    out = wc_kernels.prefix_attention(*ins, backend="split")
     want = reference.prefix_attention(*ins)
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(out, want, rtol=rtol, atol=atol)
@@ -46,12 +46,12 @@ def test_split_matches_reference(case, dtype):
 def test_split_gradcheck():
     ins = [t.detach().requires_grad_(True) for t in _inputs((2, 2, 3, 2, 2, 4), torch.float64)]
     assert torch.autograd.gradcheck(
-        lambda *a: kernels.prefix_attention(*a, backend="split"), tuple(ins))
+        lambda *a: wc_kernels.prefix_attention(*a, backend="split"), tuple(ins))
 
 
 def test_split_custom_scale():
     ins = _inputs((2, 2, 5, 3, 3, 8), torch.float64)
-    torch.testing.assert_close(kernels.prefix_attention(*ins, scale=0.1, backend="split"),
+    torch.testing.assert_close(wc_kernels.prefix_attention(*ins, scale=0.1, backend="split"),
                                reference.prefix_attention(*ins, scale=0.1))
 
 
@@ -60,13 +60,13 @@ def test_split_custom_scale():
 def test_flex_forward_matches_reference(case):
     """On CPU FlexAttention runs unfused and has no backward: forward only here."""
     ins = [t.detach() for t in _inputs(case, torch.float32)]
-    out = kernels.prefix_attention(*ins, backend="flex")
+    out = wc_kernels.prefix_attention(*ins, backend="flex")
     torch.testing.assert_close(out, reference.prefix_attention(*ins), rtol=1e-5, atol=1e-5)
 
 
 def test_auto_on_cpu_uses_the_split_path():
-    from kernels._backend import resolve
-    from kernels.prefix_attention import IMPLEMENTED
+    from wc_kernels._backend import resolve
+    from wc_kernels.prefix_attention import IMPLEMENTED
 
     assert resolve("prefix_attention", "auto", torch.device("cpu"), IMPLEMENTED) == "split"
 
@@ -77,7 +77,7 @@ def test_flex_on_cuda_needs_head_dim_16():
     for a CUDA tensor (only dtype, shape and device are read)."""
     from types import SimpleNamespace
 
-    from kernels.prefix_attention import FLEX_CUDA_MIN_HEAD_DIM, _candidates
+    from wc_kernels.prefix_attention import FLEX_CUDA_MIN_HEAD_DIM, _candidates
 
     def like(d, device):
         return SimpleNamespace(dtype=torch.float32, shape=(1, 1, 1, d), device=torch.device(device))
@@ -103,7 +103,7 @@ def test_cuda_backends_match_reference(backend, dtype):
             d = max(16, 1 << (d - 1).bit_length())
         ins = [t.detach().cuda().requires_grad_(True)
                for t in _inputs((b, h, p, lq, lk, d), dtype)]
-        out = kernels.prefix_attention(*ins, backend=backend)
+        out = wc_kernels.prefix_attention(*ins, backend=backend)
         want = reference.prefix_attention(*ins)
         torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
         grad_out = torch.randn_like(out)
@@ -116,6 +116,6 @@ def test_cuda_backends_match_reference(backend, dtype):
 def test_cuda_flex_rejects_small_head_dims():
     ins = [t.detach().cuda() for t in _inputs((3, 2, 0, 5, 5, 8), torch.float32)]
     with pytest.raises(ValueError, match="D >= 16"):
-        kernels.prefix_attention(*ins, backend="flex")
-    torch.testing.assert_close(kernels.prefix_attention(*ins, backend="auto"),
+        wc_kernels.prefix_attention(*ins, backend="flex")
+    torch.testing.assert_close(wc_kernels.prefix_attention(*ins, backend="auto"),
                                reference.prefix_attention(*ins), rtol=2e-2, atol=2e-2)

@@ -14,11 +14,11 @@ import pytest
 import torch
 from test_prefix_attention import CASES, _inputs
 
-import kernels
-from kernels import _backend, reference
-from kernels._prefix_flash_attn import FlashAttnKernels
-from kernels._prefix_split import split_prefix_attention
-from kernels.prefix_attention import _FAST
+import wc_kernels
+from wc_kernels import _backend, reference
+from wc_kernels._prefix_flash_attn import FlashAttnKernels
+from wc_kernels._prefix_split import split_prefix_attention
+from wc_kernels.prefix_attention import _FAST
 
 NAMES = ("q", "k", "v", "prefix_k", "prefix_v")
 
@@ -133,7 +133,7 @@ def test_flash_attn_split_matches_reference(case, interface):
 
 
 def test_flash_attn_backend_loads_the_installed_library(monkeypatch):
-    from kernels import _prefix_flash_attn
+    from wc_kernels import _prefix_flash_attn
 
     package = types.ModuleType("flash_attn")
     package.flash_attn_interface = _FlashInterface
@@ -161,16 +161,16 @@ def test_xformers_partials_match_reference(case, monkeypatch):
 def test_library_backends_need_cuda(backend):
     ins = [t.detach() for t in _inputs(CASES[0], torch.bfloat16)]
     with pytest.raises(RuntimeError, match=f"{backend} runs on CUDA tensors"):
-        kernels.prefix_attention(*ins, backend=backend)
+        wc_kernels.prefix_attention(*ins, backend=backend)
 
 
 def test_flash_attn_rejects_float32_and_wide_heads():
     with pytest.raises(TypeError, match="flash_attn.*float16, bfloat16"):
-        kernels.prefix_attention(*[t.detach() for t in _inputs(CASES[0], torch.float32)],
+        wc_kernels.prefix_attention(*[t.detach() for t in _inputs(CASES[0], torch.float32)],
                                  backend="flash_attn")
     wide = [t.detach() for t in _inputs((1, 1, 2, 2, 2, 264), torch.bfloat16)]
     with pytest.raises(TypeError, match="D <= 256"):
-        kernels.prefix_attention(*wide, backend="flash_attn")
+        wc_kernels.prefix_attention(*wide, backend="flash_attn")
 
 
 def test_auto_never_picks_a_library_backend():
@@ -187,5 +187,5 @@ def test_auto_never_picks_a_library_backend():
 def test_cuda_library_matches_reference(backend, case):
     if _backend.unavailable_reason(backend, torch.device("cuda")) is not None:
         pytest.skip(_backend.unavailable_reason(backend, torch.device("cuda")))
-    _check(lambda *a: kernels.prefix_attention(*a, backend=backend),
+    _check(lambda *a: wc_kernels.prefix_attention(*a, backend=backend),
            _inputs(case, torch.bfloat16, device="cuda"), rtol=2e-2, atol=2e-2)

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels import _triton, reference
-from kernels._triton import prefix_attention as tri
-from kernels.prefix_attention import IMPLEMENTED, _candidates
+import wc_kernels
+from wc_kernels import _triton, reference
+from wc_kernels._triton import prefix_attention as tri
+from wc_kernels.prefix_attention import IMPLEMENTED, _candidates
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = pytest.mark.gpu
@@ -56,7 +56,7 @@ def _inputs(case, dtype, device="cpu", seed=0):
 
 
 def _check_against_reference(ins, dtype, scale=None, grad_scale=4.0):
-    out = kernels.prefix_attention(*ins, scale=scale, backend="triton")
+    out = wc_kernels.prefix_attention(*ins, scale=scale, backend="triton")
     want = reference.prefix_attention(*ins, scale=scale)
     rtol, atol = TOL[dtype]
     assert out.dtype == dtype and out.shape == want.shape
@@ -113,7 +113,7 @@ def test_no_queries_give_zero_key_gradients(case):
     """No query sees any key, so dk, dv, dprefix_k, dprefix_v are zeros (written by the
     kernels, so poisoning would show a miss)."""
     ins = _inputs(case, torch.float32)
-    out = kernels.prefix_attention(*ins, backend="triton")
+    out = wc_kernels.prefix_attention(*ins, backend="triton")
     assert out.shape == ins[0].shape
     grads = torch.autograd.grad(out, ins, torch.ones_like(out))
     for name, grad in zip(NAMES, grads, strict=True):
@@ -121,7 +121,7 @@ def test_no_queries_give_zero_key_gradients(case):
 
 
 def test_lse_output_gets_no_gradient_and_out_is_contiguous():
-    from kernels import _ops
+    from wc_kernels import _ops
 
     ins = _inputs((2, 2, 3, 4, 5, 8), torch.float32)
     out, lse = _ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION](*ins, 0.5)
@@ -130,7 +130,7 @@ def test_lse_output_gets_no_gradient_and_out_is_contiguous():
 
 def test_registered_op_passes_opcheck():
     """Schema, fake kernel and autograd registration of the torch.library op."""
-    from kernels import _ops
+    from wc_kernels import _ops
 
     ins = _inputs((2, 2, 3, 4, 5, 8), torch.float32)
     torch.library.opcheck(_ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION], (*ins, 0.5),
@@ -142,7 +142,7 @@ def test_compile_fullgraph_matches_eager():
     """Under torch.compile (aot_eager; the op is opaque under the interpreter): same output and
     gradients as the reference."""
     ins = _inputs((2, 2, 4, 5, 3, 8), torch.float32)
-    compiled = torch.compile(lambda *a: kernels.prefix_attention(*a, backend="triton"),
+    compiled = torch.compile(lambda *a: wc_kernels.prefix_attention(*a, backend="triton"),
                              fullgraph=True, backend="aot_eager")
     out = compiled(*ins)
     want = reference.prefix_attention(*ins)
@@ -156,10 +156,10 @@ def test_compile_fullgraph_matches_eager():
 def test_rejects_float64_and_large_head_dims():
     ins = [t.detach() for t in _inputs((1, 1, 2, 2, 2, 8), torch.float64)]
     with pytest.raises(TypeError, match="float16, bfloat16, float32"):
-        kernels.prefix_attention(*ins, backend="triton")
+        wc_kernels.prefix_attention(*ins, backend="triton")
     wide = [t.detach() for t in _inputs((1, 1, 2, 2, 2, 160), torch.float32)]
     with pytest.raises(TypeError, match="D <= 128"):
-        kernels.prefix_attention(*wide, backend="triton")
+        wc_kernels.prefix_attention(*wide, backend="triton")
     with pytest.raises(TypeError, match="float16, bfloat16 and float32"):
         tri.prefix_attention_fwd(*ins, 1.0)
 
@@ -194,7 +194,7 @@ def _check_scaled(ins, tol):
     """Forward within ``tol``, each gradient within ``4 tol`` relative to its largest element
     (at least 1). An empty key set (``P = 0`` or ``L_k = 0``) has empty gradients: they must
     match in shape and have no largest element to scale by."""
-    out = kernels.prefix_attention(*ins, backend="triton")
+    out = wc_kernels.prefix_attention(*ins, backend="triton")
     want = reference.prefix_attention(*ins)
     torch.testing.assert_close(out, want, rtol=tol, atol=tol)
     grad_out = torch.randn_like(out)
@@ -223,11 +223,11 @@ def test_cuda_matches_reference(case, dtype):
 
 @GPU
 def test_cuda_auto_uses_triton_and_compiles():
-    from kernels._backend import resolve
+    from wc_kernels._backend import resolve
 
     assert resolve("prefix_attention", "auto", torch.device("cuda"), IMPLEMENTED) == "triton"
     ins = _inputs((4, 2, 100, 64, 64, 64), torch.bfloat16, device="cuda")
-    compiled = torch.compile(lambda *a: kernels.prefix_attention(*a, backend="triton"),
+    compiled = torch.compile(lambda *a: wc_kernels.prefix_attention(*a, backend="triton"),
                              fullgraph=True)
     out = compiled(*ins)
     torch.testing.assert_close(out, reference.prefix_attention(*ins), rtol=3e-2, atol=3e-2)
@@ -239,7 +239,7 @@ _TRACE_SCRIPT = """
 import torch
 from torch._subclasses.functional_tensor import dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
-from kernels import _ops
+from wc_kernels import _ops
 
 def kernels_in(op, args):
     gm = make_fx(dispatch_functionalize(op), tracing_mode="fake")(*args)

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels import reference
+import wc_kernels
+from wc_kernels import reference
 
 
 def _hand_example():
@@ -20,7 +20,7 @@ def _hand_example():
 def test_velocity_loss_hand_computed():
     # v+ = [1, 2], v- = [-1, 0]; L = .75 * mean([0, 1]) + .25 * mean([4, 1]) = 1.0
     v_theta, v_old, v_target, r = _hand_example()
-    loss = kernels.nft_loss(v_theta, v_old, v_target, r, backend="reference")
+    loss = wc_kernels.nft_loss(v_theta, v_old, v_target, r, backend="reference")
     loss.backward()
     assert loss.item() == pytest.approx(1.0, abs=1e-15)
     torch.testing.assert_close(v_theta.grad, torch.tensor([[0.5, 1.0]], dtype=torch.float64))
@@ -30,7 +30,7 @@ def test_x0_loss_hand_computed():
     # sigma .5: e+ = [0, -.5], w+ = .25, L+ = .5; e- = [1, .5], w- = .75, L- = 5/6
     v_theta, v_old, v_target, r = _hand_example()
     sigma = torch.tensor([0.5], dtype=torch.float64)
-    loss = kernels.nft_loss(v_theta, v_old, v_target, r, sigma=sigma, space="x0",
+    loss = wc_kernels.nft_loss(v_theta, v_old, v_target, r, sigma=sigma, space="x0",
                             backend="reference")
     loss.backward()
     assert loss.item() == pytest.approx(0.75 * 0.5 + 0.25 * 5 / 6, abs=1e-15)
@@ -67,7 +67,7 @@ def test_reference_matches_closed_form(space, beta, shape):
     r[0] = 0.0 if shape[0] == 1 else r[0]
     sigma = torch.rand(shape[0], generator=g, dtype=torch.float64)
     vt.requires_grad_(True)
-    loss = kernels.nft_loss(vt, vo, vs, r, beta=beta, sigma=sigma, space=space,
+    loss = wc_kernels.nft_loss(vt, vo, vs, r, beta=beta, sigma=sigma, space=space,
                             reduction="none", backend="reference")
     weights = torch.rand(shape[0], generator=g, dtype=torch.float64)
     (loss * weights).sum().backward()
@@ -81,10 +81,10 @@ def test_reference_matches_closed_form(space, beta, shape):
 def test_reductions_and_dtypes():
     vt, vo, vs = (torch.randn(4, 10, dtype=torch.float16) for _ in range(3))
     r = torch.rand(4)
-    per = kernels.nft_loss(vt, vo, vs, r, reduction="none", backend="reference")
+    per = wc_kernels.nft_loss(vt, vo, vs, r, reduction="none", backend="reference")
     assert per.shape == (4,) and per.dtype == torch.float32
-    mean = kernels.nft_loss(vt, vo, vs, r, backend="reference")
-    total = kernels.nft_loss(vt, vo, vs, r, reduction="sum", backend="reference")
+    mean = wc_kernels.nft_loss(vt, vo, vs, r, backend="reference")
+    total = wc_kernels.nft_loss(vt, vo, vs, r, reduction="sum", backend="reference")
     torch.testing.assert_close(mean, per.mean())
     torch.testing.assert_close(total, per.sum())
 
@@ -93,7 +93,7 @@ def test_only_v_theta_gets_a_gradient():
     vt, vo, vs = (torch.randn(2, 5, requires_grad=True) for _ in range(3))
     r = torch.rand(2, requires_grad=True)
     sigma = torch.rand(2, requires_grad=True)
-    kernels.nft_loss(vt, vo, vs, r, sigma=sigma, space="x0", backend="reference").backward()
+    wc_kernels.nft_loss(vt, vo, vs, r, sigma=sigma, space="x0", backend="reference").backward()
     assert vt.grad is not None
     assert vo.grad is None and vs.grad is None and r.grad is None and sigma.grad is None
 
@@ -104,14 +104,14 @@ def test_nft_loss_gradcheck_velocity():
     vo, vs = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)
     r = torch.tensor([0.0, 0.4, 1.0], dtype=torch.float64)
     assert torch.autograd.gradcheck(
-        lambda v: kernels.nft_loss(v, vo, vs, r, beta=0.5, backend="reference"), (vt,))
+        lambda v: wc_kernels.nft_loss(v, vo, vs, r, beta=0.5, backend="reference"), (vt,))
 
 
 def test_flow_noise_row_order():
     x0 = torch.tensor([[1.0], [2.0]])
     sigmas = torch.tensor([[0.0, 0.5, 1.0], [0.25, 0.75, 1.0]])
     noise = torch.arange(6.0).reshape(6, 1) * 10
-    x_t, v = kernels.flow_noise(x0, sigmas, noise, backend="reference")
+    x_t, v = wc_kernels.flow_noise(x0, sigmas, noise, backend="reference")
     want_xt = [1.0, 0.5 * 1 + 0.5 * 10, 20.0, 0.75 * 2 + 0.25 * 30, 0.25 * 2 + 0.75 * 40, 50.0]
     assert x_t[:, 0].tolist() == pytest.approx(want_xt)
     assert v[:, 0].tolist() == pytest.approx([-1.0, 9.0, 19.0, 28.0, 38.0, 48.0])
@@ -120,8 +120,8 @@ def test_flow_noise_row_order():
 def test_flow_noise_generates_noise_from_a_generator():
     x0 = torch.randn(2, 3, 4)
     sigmas = torch.rand(2, 5)
-    a = kernels.flow_noise(x0, sigmas, generator=torch.Generator().manual_seed(1))
-    b = kernels.flow_noise(x0, sigmas, generator=torch.Generator().manual_seed(1))
+    a = wc_kernels.flow_noise(x0, sigmas, generator=torch.Generator().manual_seed(1))
+    b = wc_kernels.flow_noise(x0, sigmas, generator=torch.Generator().manual_seed(1))
     assert a[0].shape == (10, 3, 4)
     torch.testing.assert_close(a, b)
     eps = a[1] + x0.repeat_interleave(5, 0)
@@ -138,7 +138,7 @@ def test_prefix_attention_matches_sdpa_with_replicated_prefix(p, lq, lk):
             for _ in range(2))
     pk, pv = (torch.randn(1, h, p, d, generator=g, dtype=torch.float64, requires_grad=True)
               for _ in range(2))
-    out = kernels.prefix_attention(q, k, v, pk, pv, backend="reference")
+    out = wc_kernels.prefix_attention(q, k, v, pk, pv, backend="reference")
     inputs = (q, k, v, pk, pv)
     grads = torch.autograd.grad(out.sum() * 1.0 + (out**2).sum(), inputs)
     keys = torch.cat([pk.expand(b, -1, -1, -1), k], 2)
@@ -153,7 +153,7 @@ def test_prefix_attention_matches_sdpa_with_replicated_prefix(p, lq, lk):
 def test_prefix_attention_low_precision_output_dtype():
     q, k, v = (torch.randn(2, 2, 3, 4, dtype=torch.bfloat16) for _ in range(3))
     pk, pv = (torch.randn(1, 2, 5, 4, dtype=torch.bfloat16) for _ in range(2))
-    out = kernels.prefix_attention(q, k, v, pk, pv, backend="reference")
+    out = wc_kernels.prefix_attention(q, k, v, pk, pv, backend="reference")
     assert out.dtype == torch.bfloat16
     want = reference.prefix_attention(*(t.double() for t in (q, k, v, pk, pv)))
     torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
@@ -179,60 +179,60 @@ def _nft_args(**over):
 ])
 def test_nft_loss_bad_inputs(over, err, match):
     with pytest.raises(err, match=match):
-        kernels.nft_loss(**_nft_args(**over), backend="reference")
+        wc_kernels.nft_loss(**_nft_args(**over), backend="reference")
 
 
 def test_nft_loss_bad_options():
     with pytest.raises(ValueError, match="sigma"):
-        kernels.nft_loss(**_nft_args(), space="x0")
+        wc_kernels.nft_loss(**_nft_args(), space="x0")
     with pytest.raises(ValueError, match="space"):
-        kernels.nft_loss(**_nft_args(), space="eps")
+        wc_kernels.nft_loss(**_nft_args(), space="eps")
     with pytest.raises(ValueError, match="reduction"):
-        kernels.nft_loss(**_nft_args(), reduction="max")
+        wc_kernels.nft_loss(**_nft_args(), reduction="max")
     with pytest.raises(TypeError, match="beta"):
-        kernels.nft_loss(**_nft_args(), beta=float("nan"))
+        wc_kernels.nft_loss(**_nft_args(), beta=float("nan"))
     with pytest.raises(ValueError, match="backend must be one of"):
-        kernels.nft_loss(**_nft_args(), backend="cuda")
+        wc_kernels.nft_loss(**_nft_args(), backend="cuda")
     with pytest.raises(ValueError, match="sigma must have shape"):
-        kernels.nft_loss(**_nft_args(), space="x0", sigma=torch.rand(3))
+        wc_kernels.nft_loss(**_nft_args(), space="x0", sigma=torch.rand(3))
     with pytest.raises(ValueError, match="non-empty"):
-        kernels.nft_loss(torch.empty(0, 3), torch.empty(0, 3), torch.empty(0, 3), torch.rand(0))
+        wc_kernels.nft_loss(torch.empty(0, 3), torch.empty(0, 3), torch.empty(0, 3), torch.rand(0))
 
 
 def test_flow_noise_bad_inputs():
     x0 = torch.randn(2, 3)
     with pytest.raises(ValueError, match=r"sigmas must have shape \[S, K\]"):
-        kernels.flow_noise(x0, torch.rand(3, 2))
+        wc_kernels.flow_noise(x0, torch.rand(3, 2))
     with pytest.raises(ValueError, match="sigmas must lie"):
-        kernels.flow_noise(x0, torch.full((2, 2), 1.5))
+        wc_kernels.flow_noise(x0, torch.full((2, 2), 1.5))
     with pytest.raises(ValueError, match="noise must have shape"):
-        kernels.flow_noise(x0, torch.rand(2, 2), torch.randn(2, 3))
+        wc_kernels.flow_noise(x0, torch.rand(2, 2), torch.randn(2, 3))
     with pytest.raises(TypeError, match="noise must have the dtype"):
-        kernels.flow_noise(x0, torch.rand(2, 2), torch.randn(4, 3, dtype=torch.float64))
+        wc_kernels.flow_noise(x0, torch.rand(2, 2), torch.randn(4, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match="non-empty"):
-        kernels.flow_noise(x0, torch.rand(2, 0))
+        wc_kernels.flow_noise(x0, torch.rand(2, 0))
 
 
 def test_prefix_attention_bad_inputs():
     q = torch.randn(2, 2, 3, 4)
     pk = torch.randn(1, 2, 5, 4)
     with pytest.raises(ValueError, match=r"prefix_k must have shape \[1, H=2, P, D=4\]"):
-        kernels.prefix_attention(q, q, q, pk.expand(2, -1, -1, -1), pk)
+        wc_kernels.prefix_attention(q, q, q, pk.expand(2, -1, -1, -1), pk)
     with pytest.raises(ValueError, match="k must have shape"):
-        kernels.prefix_attention(q, torch.randn(2, 3, 3, 4), torch.randn(2, 3, 3, 4), pk, pk)
+        wc_kernels.prefix_attention(q, torch.randn(2, 3, 3, 4), torch.randn(2, 3, 3, 4), pk, pk)
     with pytest.raises(TypeError, match="prefix_v must have the dtype"):
-        kernels.prefix_attention(q, q, q, pk, pk.double())
+        wc_kernels.prefix_attention(q, q, q, pk, pk.double())
     with pytest.raises(ValueError, match=r"q must have shape \[B, H, L, D\]"):
-        kernels.prefix_attention(q[0], q, q, pk, pk)
+        wc_kernels.prefix_attention(q[0], q, q, pk, pk)
     empty = torch.randn(1, 2, 0, 4)
     with pytest.raises(ValueError, match="at least one key"):
-        kernels.prefix_attention(q, q[:, :, :0], q[:, :, :0], empty, empty)
+        wc_kernels.prefix_attention(q, q[:, :, :0], q[:, :, :0], empty, empty)
 
 
 def test_value_checks_can_be_skipped_by_validated_callers():
     args = _nft_args(r=torch.tensor([0.5, 1.5]))
-    loss = kernels.nft_loss(**args, backend="reference", check_values=False)
+    loss = wc_kernels.nft_loss(**args, backend="reference", check_values=False)
     assert torch.isfinite(loss)
-    x_t, _ = kernels.flow_noise(torch.randn(2, 3), torch.full((2, 2), 1.5), check_values=False,
+    x_t, _ = wc_kernels.flow_noise(torch.randn(2, 3), torch.full((2, 2), 1.5), check_values=False,
                                 backend="reference")
     assert x_t.shape == (4, 3)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import kernels
+import wc_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = (ROOT / "pyproject.toml").read_text()
@@ -22,7 +22,7 @@ def _floor(package: str) -> tuple[int, int]:
 def test_pyproject_floors_are_the_tested_versions():
     """torch 2.11 and Triton 3.6: the GPU image's (H200 check of 2026-11-30), Triton 3.6 also
     on CPU (interpreter tests, sm_90 AOT compile)."""
-    assert _floor("torch") == kernels.TORCH_MIN == (2, 11)
+    assert _floor("torch") == wc_kernels.TORCH_MIN == (2, 11)
     assert _floor("triton") == (3, 6)
     assert 'requires-python = ">=3.10"' in PYPROJECT
 
@@ -30,20 +30,20 @@ def test_pyproject_floors_are_the_tested_versions():
 @pytest.mark.parametrize("version", ["2.11.0", "2.11.0+cu130", "2.11.0a0+git1234",
                                      "2.13.0+cpu", "3.0.0"])
 def test_tested_torch_versions_pass(version):
-    kernels.check_torch_version(version)
+    wc_kernels.check_torch_version(version)
 
 
 @pytest.mark.parametrize("version", ["2.10.1", "2.6.0+cu124", "1.13.1", "unknown"])
 def test_older_torch_is_refused_with_both_versions(version):
     with pytest.raises(ImportError, match=rf"needs torch >= 2\.11.*installed: torch "
                                           rf"{re.escape(version)}"):
-        kernels.check_torch_version(version)
+        wc_kernels.check_torch_version(version)
 
 
 def test_import_with_an_older_torch_fails_with_the_message():
-    """``import kernels`` itself raises under a torch that reports 2.10."""
+    """``import wc_kernels`` itself raises under a torch that reports 2.10."""
     code = ("import torch; torch.__version__ = '2.10.0'\n"
-            "try:\n    import kernels\nexcept ImportError as e:\n    print(e)\n")
+            "try:\n    import wc_kernels\nexcept ImportError as e:\n    print(e)\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

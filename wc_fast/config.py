@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kernels.nft_loss import SPACES
+from wc_kernels.nft_loss import SPACES
 
 PRESETS = ("paper", "official", "cpu", "smoke")
 LOGGERS = ("jsonl", "tensorboard")  # metric sinks of wc_fast.train

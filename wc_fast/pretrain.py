@@ -23,7 +23,6 @@ from torch import Tensor
 from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
-from kernels import flow_noise
 from wc_fast import checkpoint
 from wc_fast import config as config_lib
 from wc_fast.cli import parse_run_args
@@ -33,6 +32,7 @@ from wc_fast.models.pretrained import export_world_model, load_world_model
 from wc_fast.runtime import generator, resolve_device, stream_seed
 from wc_fast.sampler import time_shift
 from wc_fast.world import Clips, batch_seed, sample_sequences
+from wc_kernels import flow_noise
 
 # fields that may change between an interrupted run and its resumption: bookkeeping, and
 # everything pretraining does not read (only model.*, pretrain.* and rollout.shift shape it)

@@ -23,7 +23,6 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from kernels import flow_noise, nft_loss
 from wc_fast.actions import is_composite, split_action
 from wc_fast.config import Config
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
@@ -45,6 +44,7 @@ from wc_fast.rollout import GroupRollout, rollout_clip_level, rollout_sample_lev
 from wc_fast.runtime import compile_unavailable, generator, stream_seed
 from wc_fast.sampler import ClipSampler, sigma_schedule
 from wc_fast.world import sample_sequences
+from wc_kernels import flow_noise, nft_loss
 
 CPU_MICRO_BATCH = 32
 

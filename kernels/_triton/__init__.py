@@ -1,10 +1,10 @@
 """Fused Triton kernels of the drop-in ops, and the launch configurations they share.
 
-The kernels and their launchers live in :mod:`kernels._triton.nft_loss`,
-:mod:`kernels._triton.flow_noise`, :mod:`kernels._triton.grpo_sde_loss` and
-:mod:`kernels._triton.prefix_attention`; importing this package imports ``triton``.
+The kernels and their launchers live in :mod:`wc_kernels._triton.nft_loss`,
+:mod:`wc_kernels._triton.flow_noise`, :mod:`wc_kernels._triton.grpo_sde_loss` and
+:mod:`wc_kernels._triton.prefix_attention`; importing this package imports ``triton``.
 
-On CUDA the block size and warp count are fixed per kernel (so ``python -m kernels.aot`` can
+On CUDA the block size and warp count are fixed per kernel (so ``python -m wc_kernels.aot`` can
 compile exactly the configurations that run), and long rows are split into chunks so that a
 batch of a few huge rows still fills every SM. Under ``TRITON_INTERPRET=1`` every program
 instance costs milliseconds, so blocks are as large as the rows allow, capped to keep numpy
@@ -41,7 +41,7 @@ class RowSplit:
 
 @dataclass(frozen=True)
 class AotConfig:
-    """One CUDA launch configuration of a kernel, as ``python -m kernels.aot`` compiles it.
+    """One CUDA launch configuration of a kernel, as ``python -m wc_kernels.aot`` compiles it.
 
     ``aligned`` names the pointer arguments (16-byte aligned) and integer arguments (multiples
     of 16) that Triton's run-time specialization marks as such in the usual launches.
@@ -67,7 +67,7 @@ class AotConfig:
 
 def set_poison_outputs(on: bool) -> None:
     """Fill new output buffers with NaN before the kernels run, so tests catch unwritten
-    elements (mirrors ``kernels._native.set_poison_outputs``)."""
+    elements (mirrors ``wc_kernels._native.set_poison_outputs``)."""
     global _poison_outputs
     _poison_outputs = on
 
@@ -91,7 +91,7 @@ def check_operand(op: str, name: str, t: torch.Tensor, shape: tuple[int, ...], r
 
 
 def tl_acc(dtype: torch.dtype) -> tl.dtype:
-    """Triton accumulation dtype (:func:`kernels.reference.compute_dtype`)."""
+    """Triton accumulation dtype (:func:`wc_kernels.reference.compute_dtype`)."""
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 

@@ -14,7 +14,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
-from kernels._triton import AotConfig, check_operand, interpret_block, new_output, tl_acc
+from wc_kernels._triton import AotConfig, check_operand, interpret_block, new_output, tl_acc
 
 GPU_BLOCK = 1024  # 8 elements per thread: a few clean rows still give enough programs
 GPU_WARPS = 4
@@ -44,7 +44,7 @@ def flow_noise(x0: Tensor, sigmas: Tensor, noise: Tensor) -> tuple[Tensor, Tenso
     """``x_t, v_target`` ``[S*K, D]`` in ``x0``'s dtype; row ``s*K + j`` uses ``sigmas[s, j]``.
 
     ``x0`` ``[S, D]``, ``sigmas`` ``[S, K]`` (cast to fp32), ``noise`` ``[S*K, D]`` of ``x0``'s
-    dtype; non-contiguous inputs are copied. Same contract as ``kernels._native.flow_noise``.
+    dtype; non-contiguous inputs are copied. Same contract as ``wc_kernels._native.flow_noise``.
     """
     if x0.dim() != 2 or sigmas.dim() != 2:
         raise ValueError(f"flow_noise: x0 [S, D] and sigmas [S, K] must be 2-D, got "

@@ -1,7 +1,7 @@
 """Fused Triton kernels of the GRPO SDE loss: per-row residual sums, and their gradient.
 
 Per row ``i`` with ``D`` elements and per-row coefficients ``a, c`` (the SDE step's mean is
-``a * sample + c * model_output``, see :mod:`kernels.grpo_sde_loss`):
+``a * sample + c * model_output``, see :mod:`wc_kernels.grpo_sde_loss`):
 
 - ``S1 = sum((prev_sample - a * sample - c * model_output)^2)`` (log_prob's residual),
 - ``S2 = sum((model_output - ref_output)^2)`` (the KL's, since ``mean - mean_ref = c (m - r)``).
@@ -20,7 +20,7 @@ evaluation read the inputs once and write nothing), holds no ``[B, D]`` buffer b
 forward and backward, and costs about the same traffic: the backward re-reads the three (four)
 inputs instead of reading back and rewriting a stored gradient.
 
-Rows are split into chunks (see :mod:`kernels._triton`); each chunk writes its partial sums
+Rows are split into chunks (see :mod:`wc_kernels._triton`); each chunk writes its partial sums
 and the per-row sum is one small ``torch.sum`` (deterministic, no atomics). Loads are cast to
 fp32 (fp64 for fp64 inputs) before any arithmetic; the gradient is cast to the input dtype on
 store.
@@ -33,8 +33,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
-from kernels._triton import AotConfig, check_operand, new_output, row_split, tl_acc
-from kernels.reference import compute_dtype
+from wc_kernels._triton import AotConfig, check_operand, new_output, row_split, tl_acc
+from wc_kernels.reference import compute_dtype
 
 GPU_BLOCK = 2048  # per loop step: 8 elements per thread, one 16-byte load for bf16
 GPU_WARPS = 8

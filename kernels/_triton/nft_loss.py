@@ -13,7 +13,7 @@ with ``k = 1`` for ``space="velocity"`` and ``k = s^2 / w`` for ``space="x0"``, 
 ``w = max(s * mean|d|, 1e-5)`` (the detached mean absolute x0 error). So velocity is one pass
 over the inputs, and x0 two: pass 1 reduces ``sum|d+|`` and ``sum|d-|`` per chunk, pass 2 is
 the velocity kernel with the x0 coefficients. Rows are split into chunks (see
-:mod:`kernels._triton`); each chunk writes its part of the loss and the per-row sum is one
+:mod:`wc_kernels._triton`); each chunk writes its part of the loss and the per-row sum is one
 small ``torch.sum`` (deterministic, no atomics).
 
 Loads are cast to fp32 (fp64 for fp64 inputs) before any arithmetic and the gradient is cast
@@ -28,14 +28,14 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
-from kernels._triton import (
+from wc_kernels._triton import (
     AotConfig,
     check_operand,
     new_output,
     row_split,
     tl_acc,
 )
-from kernels.reference import X0_WEIGHT_FLOOR, compute_dtype
+from wc_kernels.reference import X0_WEIGHT_FLOOR, compute_dtype
 
 GPU_BLOCK = 2048  # per loop step: 8 elements per thread, one 16-byte load for bf16
 GPU_WARPS = 8
@@ -140,7 +140,7 @@ def nft_loss_fwd(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
     ``r, sigma`` ``[B]`` (cast to fp32; ``sigma`` is read only when ``x0``). Returns the loss
     in fp32 (fp64 for fp64 inputs) and ``grad[i] = grad_scale * dL_i/dv_theta[i]`` in
     ``v_theta``'s dtype.
-    Same contract as ``kernels._native.nft_loss_fwd``.
+    Same contract as ``wc_kernels._native.nft_loss_fwd``.
     """
     _check(v_theta, v_old, v_target, r, sigma, x0)
     vt, vo, vs = v_theta.contiguous(), v_old.contiguous(), v_target.contiguous()

@@ -44,7 +44,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
-from kernels._triton import PROGRAMS_PER_SM, AotConfig, _sm_count, new_output
+from wc_kernels._triton import PROGRAMS_PER_SM, AotConfig, _sm_count, new_output
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
@@ -67,7 +67,7 @@ class Tiles:
     num_stages: int = 3
 
 
-# CUDA tiles per (kernel, BLOCK_D, fp32 inputs?); fixed so that ``python -m kernels.aot``
+# CUDA tiles per (kernel, BLOCK_D, fp32 inputs?); fixed so that ``python -m wc_kernels.aot``
 # compiles exactly what runs (checked there for register spills on sm_90, under Triton 3.6 and
 # 3.9). fp32 dq at D=128: (64, 32, 4) spills 72 bytes under Triton 3.6; (128, 32, 8) at two
 # stages compiles to 250 registers without spills under both (196 KB of shared memory).

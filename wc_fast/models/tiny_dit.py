@@ -7,7 +7,7 @@ sum of one learned vector per pressed key, so a key combination is conditioned b
 even when pretraining rarely showed it), attends with 3D
 RoPE over (frame, row, column), fully inside a clip and causally across clips. The history is
 a :class:`ContextCache` with ONE copy of every layer's keys/values, shared by all candidate
-rows through :func:`kernels.prefix_attention`.
+rows through :func:`wc_kernels.prefix_attention`.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from kernels import prefix_attention
-from kernels._checks import values_checkable
-from kernels.reference import compute_dtype
 from wc_fast.actions import NUM_ACTIONS, label_to_bits, split_action
 from wc_fast.config import PREDICTIONS, ModelConfig
 from wc_fast.models.motion_latent import LATENTS
 from wc_fast.models.protocol import ContextCache
 from wc_fast.models.rope import apply_rope, rope_tables
+from wc_kernels import prefix_attention
+from wc_kernels._checks import values_checkable
+from wc_kernels.reference import compute_dtype
 
 PROMPT_ACTION = NUM_ACTIONS  # embedding id of the first (prompt) frame, which has no action
 # smallest sigma an x0-predicting model divides by: bounds the velocity's gain near sigma = 0

@@ -1,0 +1,60 @@
+"""The ops package imports as ``wc_kernels`` only. Its source folder ``kernels/`` refuses the
+name ``kernels`` (that of a PyPI package, the hub kernel loader diffusers and transformers use):
+imported under two names, the same files would register the ``torch.library`` ops twice. And
+nothing but a checkout's root on the path makes the folder importable as ``kernels``.
+(``tests/check_kernels_coexist.py``, run by ``.ci/run``, checks the PyPI package beside ours.)
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REFUSAL = "import wc_kernels instead"
+
+
+def _python(code: str, cwd: Path, env: dict[str, str] | None = None,
+            module: bool = False) -> subprocess.CompletedProcess:
+    args = ["-m", code] if module else ["-c", code]
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_folder_refuses_the_name_kernels_even_after_wc_kernels():
+    """From the repository root (first on the path for ``python -c``) ``import kernels`` is the
+    folder, which raises ImportError naming wc_kernels, also once wc_kernels has registered its
+    ops; wc_kernels keeps working."""
+    code = ("import torch, wc_kernels\n"
+            "from wc_kernels import _ops\n"
+            "try:\n"
+            "    import kernels\n"
+            "except ImportError as exc:\n"
+            "    print('refused:', exc)\n"
+            "x = torch.randn(3, 4)\n"
+            "print(float(wc_kernels.nft_loss(x, x, x + 1, torch.rand(3), backend='reference')))\n")
+    proc = _python(code, ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "refused:" in proc.stdout and REFUSAL in proc.stdout, proc.stdout
+    assert str(ROOT / "kernels") in proc.stdout, proc.stdout
+
+
+def test_running_a_module_as_kernels_is_refused():
+    proc = _python("kernels.aot", ROOT, module=True)
+    assert proc.returncode != 0
+    assert "ImportError" in proc.stderr and REFUSAL in proc.stderr, proc.stderr[-3000:]
+
+
+def test_outside_the_root_kernels_is_not_this_folder(tmp_path):
+    """With the root off the path (an install, or bench/pythonpath.sh's link alone),
+    wc_kernels imports and ``kernels`` is absent or another package (PyPI's, when installed)."""
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in paths if p and Path(p).resolve() != ROOT)}
+    code = ("import importlib.util, wc_kernels\n"
+            "spec = importlib.util.find_spec('kernels')\n"
+            "print(spec.origin if spec is not None else None)\n")
+    proc = _python(code, tmp_path, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    origin = proc.stdout.strip().splitlines()[-1]
+    assert origin == "None" or ROOT not in Path(origin).resolve().parents, origin
