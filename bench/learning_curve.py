@@ -20,6 +20,7 @@ import json
 import time
 
 import torch
+from safetensors.torch import save_file
 
 import wc_fast.trainer as trainer_module
 from wc_fast.actions import split_action
@@ -72,6 +73,7 @@ def main() -> None:
     p.add_argument("--fixed", type=int, default=0, help="train on this many fixed prompts")
     p.add_argument("--eval-n", type=int, default=32, help="held-out prompts per set")
     p.add_argument("--out", default="", help="write the curve here (JSON)")
+    p.add_argument("--save", default="", help="write the final weights here (.safetensors)")
     p.add_argument("overrides", nargs="*", help="section.field=value")
     args = p.parse_args()
     cfg = preset("cpu")
@@ -109,6 +111,8 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "curve": curve}, f, indent=1)
+    if args.save:
+        save_file({k: v.contiguous() for k, v in trainer.model.state_dict().items()}, args.save)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,31 @@ def test_smoke_run_writes_metrics_checkpoints_and_plot(tmp_path):
             for path in kept] == [2, 3]
 
 
+def test_eval_at_end_writes_the_base_and_trained_evaluations(tmp_path):
+    """``summary.json`` holds the evaluation of the initial model and of the final one, each
+    equal to evaluating that model directly with the run's settings."""
+    from wc_fast.eval import EvalSettings, evaluate
+    from wc_fast.models.pretrained import load_checkpoint_model
+    from wc_fast.rewards import load_estimator
+
+    assert main([*SMOKE, "--steps", "2", "--out", str(tmp_path), "--train.eval_at_end", "true",
+                 "--train.eval_sequences", "1", "--train.eval_clips", "1"]) == 0
+    results = json.loads((tmp_path / "summary.json").read_text())
+    assert set(results) == {"base", "trained"}
+    cfg = preset("smoke")
+    settings = EvalSettings.from_config(cfg, sequences=1, clips=1)
+    estimator = load_estimator("eval", device="cpu")
+    torch.manual_seed(cfg.train.seed)
+    base = TinyWorldDiT(cfg.model).eval()
+    trained = load_checkpoint_model(checkpoint.latest(tmp_path), torch.device("cpu")).eval()
+    for name, model in (("base", base), ("trained", trained)):
+        want = json.loads(json.dumps(evaluate(model, settings, estimator=estimator)))
+        assert results[name] == want, name
+    assert results["base"]["settings"]["sequences"] == 1
+    assert results["base"]["basic"] != results["trained"]["basic"]  # the run changed the model
+    assert (tmp_path / "rollouts.png").stat().st_size > 0
+
+
 def test_resume_continues_exactly(tmp_path):
     args = [*SMOKE, "--steps", "3", "--out", str(tmp_path), "--train.keep_last", "3"]
     assert main(args) == 0

@@ -13,6 +13,7 @@ from wc_fast.ema import ema_decay
 from wc_fast.models import TinyWorldDiT
 from wc_fast.nft import group_advantages
 from wc_fast.optim import GroupedMuon, freeze_untrained
+from wc_fast.rewards import interaction_score
 from wc_fast.train import main
 from wc_fast.trainer import Trainer
 
@@ -292,6 +293,26 @@ def test_soft_if_reaches_the_scores_at_the_smallest_threshold(monkeypatch):
     calls = _keywords(monkeypatch, "soft_interaction_score")
     trainer._scores(trainer.rollout(0, 1))
     assert calls == [{"trans_threshold": 0.05, "rot_threshold_deg": 2.0}]
+
+
+def test_action_if_scores_both_labels_of_each_frame(monkeypatch):
+    """``if_kind="action"``: the IF is the action accuracy (translation and rotation label
+    both right) at the configured thresholds, never the half-credit label IF."""
+    trainer = _trainer(monkeypatch, reward_models=True, reward__if_kind="action",
+                       reward__trans_thresholds="0.1,0.05")
+    calls, label_calls = _keywords(monkeypatch, "action_accuracy"), _keywords(
+        monkeypatch, "interaction_score")
+    groups = trainer.rollout(0, 1)
+    s_if, _, _ = trainer._scores(groups)
+    assert calls == [{"trans_thresholds": (0.1, 0.05), "rot_threshold_deg": 2.0}]
+    assert label_calls == []
+    c2w = trainer_module.camera_poses(trainer.estimator, groups[0].reward_frames())
+    trans, rot = trainer_module.split_action(groups[0].clip_actions)
+    half_credit = interaction_score(c2w, trans, rot, trans_thresholds=(0.1, 0.05),
+                                    rot_threshold_deg=2.0)
+    assert bool((s_if[0] <= half_credit + 1e-6).all())
+    frames = trainer.cfg.model.clip_frames
+    torch.testing.assert_close(s_if * frames, (s_if * frames).round())
 
 
 # -- advantages ---------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ Exploration = Literal["noise", "sde"]
 Capture = Literal["auto", "eager", "compile", "cuda_graph"]
 StdMode = Literal["group", "global"]
 RewardKind = Literal["both", "if", "vq"]
-IfKind = Literal["label", "soft"]
+IfKind = Literal["label", "soft", "action"]
 VqMode = Literal["stride", "drift"]
 LossSpace = Literal[SPACES]  # the kernels' own choices (a tuple subscript unpacks)
 OldPrediction = Literal["old_model", "detached_current"]
@@ -110,7 +110,10 @@ class RewardConfig:
 
     ``if_kind``: ``label`` is the paper's IF (label accuracy, best translation threshold);
     ``soft`` its smooth version (:func:`wc_fast.rewards.exploration.soft_interaction_score`,
-    at the smallest translation threshold), which ranks near misses above clear misses.
+    at the smallest translation threshold), which ranks near misses above clear misses;
+    ``action`` the fraction of frames whose translation AND rotation labels are both right (the
+    evaluation's action accuracy, read by the reward estimator): the label IF gives half credit
+    for one of a combination's two keys, so it also rewards giving up the harder key.
     """
 
     lam: float = 2.0 / 3.0

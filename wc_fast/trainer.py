@@ -31,7 +31,13 @@ from wc_fast.models import ContextCache, TinyWorldDiT
 from wc_fast.models.motion_latent import noise_latents, with_latents
 from wc_fast.nft import optimality, select_extremes
 from wc_fast.optim import build_optimizers, freeze_untrained
-from wc_fast.rewards import interaction_score, load_critic, load_estimator, vq_scores
+from wc_fast.rewards import (
+    action_accuracy,
+    interaction_score,
+    load_critic,
+    load_estimator,
+    vq_scores,
+)
 from wc_fast.rewards.exploration import (
     camera_motion,
     commanded_directions,
@@ -175,10 +181,10 @@ class Trainer:
                     c2w.double(), group.clip_actions, trans_threshold=min(rw.trans_thresholds),
                     rot_threshold_deg=rw.rot_threshold_deg))
             else:
+                score = action_accuracy if rw.if_kind == "action" else interaction_score
                 trans_gt, rot_gt = split_action(group.clip_actions.to(c2w.device))
-                s_if.append(interaction_score(c2w, trans_gt, rot_gt,
-                                              trans_thresholds=rw.trans_thresholds,
-                                              rot_threshold_deg=rw.rot_threshold_deg))
+                s_if.append(score(c2w, trans_gt, rot_gt, trans_thresholds=rw.trans_thresholds,
+                                  rot_threshold_deg=rw.rot_threshold_deg))
             s_vq.append(vq_scores(self.critic, frames, stride=rw.vq_stride, mode=rw.vq_mode))
             spread.append(motion_spread(camera_motion(c2w.cpu()), self.estimator_error,
                                         commanded_directions(group.clip_actions.cpu())))

@@ -2,10 +2,15 @@
 
 from wc_fast.rewards.critic import VisualQualityScorer, load_critic
 from wc_fast.rewards.estimators import CameraEstimator, load_estimator
-from wc_fast.rewards.interaction import interaction_score, poses_to_labels, relative_motion
+from wc_fast.rewards.interaction import (
+    action_accuracy,
+    interaction_score,
+    poses_to_labels,
+    relative_motion,
+)
 from wc_fast.rewards.scoring import if_scores, vq_scores
 
 __all__ = [
-    "poses_to_labels", "interaction_score", "relative_motion", "CameraEstimator",
+    "poses_to_labels", "interaction_score", "action_accuracy", "relative_motion", "CameraEstimator",
     "VisualQualityScorer", "load_estimator", "load_critic", "if_scores", "vq_scores",
 ]
