@@ -116,3 +116,35 @@ def test_chaos_run_survives_a_kill_with_the_same_weights(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "kills survived: 1;" in out
     assert "tensors differing from the uninterrupted run: 0 of" in out
+
+
+def test_two_key_errors_reads_exact_poses_as_right_and_reports_each_kind(capsys):
+    """Exact world poses of a two-key command: every label right, the commanded translation
+    and rotation per frame; the script prints one row per kind it met."""
+    from wc_fast.actions import action_id
+    from wc_fast.config import preset
+    from wc_fast.world.motion import (
+        ROTATION_STEP_DEG,
+        TRANSLATION_STEP,
+        action_components,
+        rot_y,
+    )
+
+    module = _load("two_key_errors")
+    actions = action_id(torch.tensor([1] * 4), torch.tensor([1] * 4))  # forward + yaw right
+    trans, rot = action_components(actions)
+    c2w = torch.eye(4, dtype=torch.float64).repeat(5, 1, 1)
+    for i, (t, (yaw, pitch)) in enumerate(zip(trans, rot, strict=True), start=1):
+        delta = torch.eye(4, dtype=torch.float64)
+        delta[:3, :3] = rot_y(yaw)
+        assert pitch == 0
+        delta[:3, 3] = t
+        c2w[i] = c2w[i - 1] @ delta
+    stats = module.frame_stats(c2w[None], actions, preset("cpu"))
+    assert stats["accuracy"].item() == stats["translation_ok"].item() == 1.0
+    assert stats["t_norm"].item() == pytest.approx(TRANSLATION_STEP)
+    assert stats["rotation_deg"].item() == pytest.approx(ROTATION_STEP_DEG)
+    assert module.main(["--n", "3", "--candidates", "2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line[:4] in
+            ("| TR", "| RR", "| TT")]
+    assert rows and sum(int(row.split("|")[2]) for row in rows) == 3

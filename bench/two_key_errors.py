@@ -1,0 +1,92 @@
+"""Where a world model fails on two-key commands: accuracy and per-label errors by kind of
+command, on clip 1 of the held-out prompts of ``bench/learning_curve.py``.
+
+    python bench/two_key_errors.py [--weights W.safetensors] [--n 32] [--candidates 8]
+
+Kinds: TR (one translation and one rotation key), RR (two rotations), TT (two translations).
+Per kind: full-action accuracy, its best candidate's (what selection could reach in one
+round), how often each label is right, and the estimated per-frame translation norm
+``t_norm`` and rotation (degrees), with the same numbers for the ground-truth renders, all
+read by the evaluation estimator. ``--weights``: a state dict of the cpu preset's model
+(default: the shipped base). Results: bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+from safetensors.torch import load_file
+
+from wc_fast.actions import label_to_bits, split_action
+from wc_fast.config import preset
+from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
+from wc_fast.rewards import load_estimator
+from wc_fast.rewards.interaction import poses_to_labels, relative_motion, rotation_angles
+from wc_fast.rollout import rollout_clip_level
+from wc_fast.runtime import generator
+from wc_fast.sampler import ClipSampler
+from wc_fast.world import sample_sequences
+
+HELD_OUT_SEED = 777_000  # the two-key set of bench/learning_curve.py
+KINDS = {2: "TT", 1: "TR", 0: "RR"}  # translation keys pressed -> kind
+
+
+def frame_stats(c2w: torch.Tensor, actions: torch.Tensor, cfg) -> dict[str, torch.Tensor]:
+    """Per-candidate numbers ``[n]`` of poses ``[n, F+1, 4, 4]`` against commands ``[F]``."""
+    trans_gt, rot_gt = split_action(actions)
+    trans, rot = poses_to_labels(c2w, trans_threshold=min(cfg.reward.trans_thresholds),
+                                 rot_threshold_deg=cfg.reward.rot_threshold_deg)
+    t_ok, r_ok = (trans == trans_gt).double(), (rot == rot_gt).double()
+    rel = relative_motion(c2w)
+    pitch, yaw = rotation_angles(rel)
+    return {"accuracy": (t_ok * r_ok).mean(-1), "translation_ok": t_ok.mean(-1),
+            "rotation_ok": r_ok.mean(-1), "t_norm": rel[..., :3, 3].norm(dim=-1).mean(-1),
+            "rotation_deg": torch.hypot(pitch, yaw).mean(-1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--weights", default="", help="model state dict (.safetensors)")
+    p.add_argument("--n", type=int, default=32, help="held-out two-key prompts")
+    p.add_argument("--candidates", type=int, default=8)
+    args = p.parse_args(argv)
+    cfg = preset("cpu")
+    model = load_world_model(BASE_WEIGHTS).eval()
+    if args.weights:
+        model.load_state_dict(load_file(args.weights))
+    sampler = ClipSampler(model, steps=cfg.rollout.steps, shift=cfg.rollout.shift,
+                          capture="eager")
+    estimator = load_estimator("eval")
+    data = sample_sequences(args.n, num_clips=1, seed=HELD_OUT_SEED, composite_fraction=1.0,
+                            composite_keys=(2,))
+    rows: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for i in range(args.n):
+        actions = data.actions[i]
+        kind = KINDS[int(label_to_bits(split_action(actions[:1])[0]).sum())]
+        group = rollout_clip_level(model, sampler, data.frames[i:i + 1, :1], actions, 1,
+                                   args.candidates, generator(4242, i))
+        with torch.no_grad():
+            made = frame_stats(estimator(group.reward_frames()).double(), actions, cfg)
+            truth = frame_stats(estimator(data.frames[i:i + 1]).double(), actions, cfg)
+        rows[kind]["prompts"].append(1.0)
+        for key, value in made.items():
+            rows[kind][key].append(float(value.mean()))
+        rows[kind]["best accuracy"].append(float(made["accuracy"].max()))
+        for key in ("accuracy", "t_norm"):
+            rows[kind][f"truth {key}"].append(float(truth[key].mean()))
+    columns = ["accuracy", "best accuracy", "translation_ok", "rotation_ok", "t_norm",
+               "rotation_deg", "truth accuracy", "truth t_norm"]
+    print("| kind | prompts | " + " | ".join(columns) + " |")
+    print("|---" * (len(columns) + 2) + "|")
+    for kind in ("TR", "RR", "TT"):
+        if kind in rows:
+            r = rows[kind]
+            cells = [f"{sum(r[c]) / len(r[c]):.3f}" for c in columns]
+            print(f"| {kind} | {len(r['prompts'])} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
