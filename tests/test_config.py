@@ -68,7 +68,7 @@ def test_slots_reject_unknown_attributes():
     ("nft.old_prediction", "current", "nft.old_prediction"),
     ("train.max_bad_updates", "0", "train.max_bad_updates"),
     ("train.loggers", "tensorboard", "train.loggers"),
-    ("train.loggers", "jsonl,wandb", "train.loggers"),
+    ("train.loggers", "jsonl,mlflow", "train.loggers"),
 ])
 def test_impossible_values_name_the_field(path, value, match):
     cfg = C.preset("paper")

@@ -17,7 +17,7 @@ from typing import Literal
 from wc_kernels.nft_loss import SPACES
 
 PRESETS = ("paper", "official", "cpu", "smoke")
-LOGGERS = ("jsonl", "tensorboard")  # metric sinks of wc_fast.train
+LOGGERS = ("jsonl", "tensorboard", "wandb")  # metric sinks of wc_fast.train
 
 # The choices of every string field: the one definition, read by validate() and by the
 # modules that take the same values as arguments (``typing.get_args`` gives the tuple).
@@ -196,8 +196,11 @@ class TrainConfig:
     state.
 
     ``loggers``: where each iteration's metrics go: ``jsonl`` (``metrics.jsonl``, always: resume
-    and the plots read it) and ``tensorboard`` (event files under ``tensorboard/`` in
-    ``train.out``; needs the ``tensorboard`` extra).
+    and the plots read it), ``tensorboard`` (event files under ``tensorboard/`` in
+    ``train.out``; needs the ``tensorboard`` extra) and ``wandb`` (a Weights & Biases run,
+    offline unless an API key is configured; needs the ``wandb`` extra). Both trackers also get
+    the resolved config and the reward and rollout plots, under torchtitan-style metric names
+    (``wc_fast.metrics.TAGS``).
     """
 
     steps: int = 100

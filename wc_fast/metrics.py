@@ -1,20 +1,76 @@
-"""Run outputs: ``metrics.jsonl`` (one row per iteration), optional TensorBoard events, the
-reward-curve PNG, peak FLOP/s."""
+"""Run outputs: ``metrics.jsonl`` (one row per iteration), optional TensorBoard and Weights &
+Biases tracking, the reward-curve PNG, peak FLOP/s."""
 
 from __future__ import annotations
 
 import json
+import netrc
+import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
 
 import torch
 
+# The TensorBoard / W&B tag of each metrics.jsonl key, in torchtitan's naming, and the factor
+# its value is multiplied by (the row's mfu is a fraction, its tag a percentage). Keys not
+# listed here are tracked as ``misc/<key>``; metrics.jsonl keeps the flat keys.
+TAGS: dict[str, tuple[str, float]] = {
+    "loss": ("loss_metrics/nft_loss", 1.0),
+    "if_mean": ("reward/if_mean", 1.0),
+    "vq_mean": ("reward/vq_mean", 1.0),
+    "r_std": ("reward/r_std", 1.0),
+    "motion_spread_basic": ("reward/motion_spread_basic", 1.0),
+    "motion_spread_composite": ("reward/motion_spread_composite", 1.0),
+    "rollout_s": ("time_metrics/rollout_s", 1.0),
+    "reward_s": ("time_metrics/reward_s", 1.0),
+    "train_s": ("time_metrics/train_s", 1.0),
+    "clips_per_s": ("throughput/clips_per_s", 1.0),
+    "train_tflops": ("tflops", 1.0),
+    "mfu": ("mfu(%)", 100.0),
+    "gpu_mem_gb": ("memory/gpu_used(GiB)", 1.0),
+    "gpu_util": ("gpu/util(%)", 1.0),
+    "gpu_power_w": ("gpu/power(W)", 1.0),
+    "ema_decay": ("optim/ema_decay", 1.0),
+    "skipped_groups": ("skipped/groups", 1.0),
+    "skipped_updates": ("skipped/updates", 1.0),
+    "clip": ("data/clip", 1.0),
+}
+
+
+def tracked_scalars(row: dict) -> dict[str, float]:
+    """The numbers of a metrics row (all but ``step``) under their :data:`TAGS` names."""
+    out = {}
+    for key, value in row.items():
+        if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            tag, scale = TAGS.get(key, (f"misc/{key}", 1.0))
+            out[tag] = value * scale
+    return out
+
+
+class Tracker(Protocol):
+    """An experiment tracker fed by :class:`MetricsLog`."""
+
+    def scalars(self, values: dict[str, float], step: int) -> None: ...
+
+    def image(self, tag: str, path: Path, step: int) -> None: ...
+
+    def state(self) -> dict:
+        """What a resumed run needs to continue this tracker's run (kept in the checkpoint)."""
+        ...
+
+    def close(self) -> None: ...
+
 
 class TensorBoardLog:
-    """The numbers of each row as TensorBoard scalars (event files under ``directory``); on
-    resume, events after the resumed step are dropped."""
+    """Scalars and images as TensorBoard events under ``directory``, the run config (given
+    ``config``) as a JSON text summary at ``resume_step`` (0 for a new run); on resume, events
+    after the resumed step are dropped."""
 
-    def __init__(self, directory: str | Path, *, resume_step: int | None = None) -> None:
+    def __init__(self, directory: str | Path, *, resume_step: int | None = None,
+                 config: dict | None = None) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
@@ -22,30 +78,101 @@ class TensorBoardLog:
                                "pip install 'wc_fast[tensorboard]'") from exc
         purge = None if resume_step is None else resume_step + 1
         self.writer = SummaryWriter(str(directory), purge_step=purge)
+        if config is not None:
+            text = "```json\n" + json.dumps(config, indent=2) + "\n```"
+            self.writer.add_text("config", text, global_step=resume_step or 0)
+            self.writer.flush()
 
-    def append(self, row: dict) -> None:
-        for key, value in row.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.writer.add_scalar(key, value, global_step=row["step"])
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, global_step=step)
         self.writer.flush()
+
+    def image(self, tag: str, path: Path, step: int) -> None:
+        """The PNG at ``path`` as an image summary."""
+        import numpy as np
+        from PIL import Image
+
+        with Image.open(path) as picture:
+            pixels = np.asarray(picture.convert("RGB"))
+        self.writer.add_image(tag, pixels, global_step=step, dataformats="HWC")
+        self.writer.flush()
+
+    def state(self) -> dict:
+        return {}
 
     def close(self) -> None:
         self.writer.close()
 
 
+def _wandb_key_configured() -> bool:
+    """Whether W&B has an API key: ``WANDB_API_KEY`` or a ``wandb login`` entry in the netrc
+    file (``NETRC`` or ``~/.netrc``) for the W&B host (``WANDB_BASE_URL``)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_mode() -> str | None:
+    """The ``mode`` given to ``wandb.init``: ``None`` when the user set ``WANDB_MODE`` (wandb
+    reads it), else ``online`` with an API key configured and ``offline`` without one."""
+    if os.environ.get("WANDB_MODE"):
+        return None
+    return "online" if _wandb_key_configured() else "offline"
+
+
+class WandbLog:
+    """Scalars, images and the run config in a Weights & Biases run (the ``wandb`` extra).
+
+    It works without a network: a ``WANDB_MODE`` set by the user is honoured; otherwise the run
+    is offline unless an API key is configured (``WANDB_API_KEY`` or ``wandb login``), and
+    ``wandb sync`` uploads it later. Run files go under ``WANDB_DIR`` if set, else under
+    ``directory``; the project is ``WANDB_PROJECT`` or ``wc_fast``. Given ``run_id`` (kept in
+    the checkpoint, see :meth:`state`) it continues that run; without one it starts a new run.
+    """
+
+    def __init__(self, directory: str | Path, *, config: dict, name: str,
+                 run_id: str | None = None) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise RuntimeError("train.loggers wandb needs the wandb package: "
+                               "pip install 'wc_fast[wandb]'") from exc
+        self.wandb = wandb
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "wc_fast"), name=name,
+                              id=run_id, resume="allow", config=config, mode=wandb_mode(),
+                              dir=os.environ.get("WANDB_DIR", str(directory)))
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
+
+    def image(self, tag: str, path: Path, step: int) -> None:
+        self.run.log({tag: self.wandb.Image(str(path))}, step=step)
+
+    def state(self) -> dict:
+        return {"wandb_run_id": self.run.id}
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 class MetricsLog:
-    """Appends JSON rows (and, given ``tensorboard``, their scalars to that directory); on
-    resume keeps only rows up to the resumed step."""
+    """Appends JSON rows (and their scalars to each of ``trackers``); on resume keeps only rows
+    up to the resumed step."""
 
     def __init__(self, path: str | Path, *, resume_step: int | None = None,
-                 tensorboard: str | Path | None = None) -> None:
+                 trackers: Sequence[Tracker] = ()) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         rows = self.read() if resume_step is not None else []
         self.rows = [r for r in rows if r["step"] <= (resume_step or 0)]
         self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
-        self.board = None if tensorboard is None else TensorBoardLog(tensorboard,
-                                                                     resume_step=resume_step)
+        self.trackers = list(trackers)
 
     def read(self) -> list[dict]:
         if not self.path.is_file():
@@ -56,12 +183,22 @@ class MetricsLog:
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        if self.board is not None:
-            self.board.append(row)
+        values = tracked_scalars(row)
+        for tracker in self.trackers:
+            tracker.scalars(values, row["step"])
+
+    def image(self, tag: str, path: Path, step: int) -> None:
+        """The PNG at ``path`` to every tracker."""
+        for tracker in self.trackers:
+            tracker.image(tag, path, step)
+
+    def state(self) -> dict:
+        """The trackers' resume state, for the checkpoint."""
+        return {k: v for tracker in self.trackers for k, v in tracker.state().items()}
 
     def close(self) -> None:
-        if self.board is not None:
-            self.board.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def _running_mean(values: list[float], window: int) -> list[float]:

@@ -30,7 +30,14 @@ from wc_fast.distributed import (
     optimizer_state,
     shutdown,
 )
-from wc_fast.metrics import MetricsLog, matmul_flops, plot_rewards
+from wc_fast.metrics import (
+    MetricsLog,
+    TensorBoardLog,
+    Tracker,
+    WandbLog,
+    matmul_flops,
+    plot_rewards,
+)
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
 from wc_fast.preemption import EXIT_PREEMPTED, StopRequest
@@ -84,15 +91,16 @@ def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
     return row
 
 
-def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool) -> Path:
-    """Rank 0 writes the checkpoint; under FSDP2 every rank first helps gather it. Returns
-    its path (on every rank)."""
+def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool,
+          tracking: dict) -> Path:
+    """Rank 0 writes the checkpoint, with the trackers' resume state ``tracking``; under FSDP2
+    every rank first helps gather it. Returns its path (on every rank)."""
     path = Path(cfg.train.out) / f"{checkpoint.PREFIX}{step:08d}"
     if not (is_main or trainer.sharded):
         return path
     models = {"model": full_state_dict(trainer.model), "old": full_state_dict(trainer.old)}
     state = {"optimizers": optimizer_state(trainer.model, trainer.optimizers),
-             "schedule_steps": trainer.schedule_steps}
+             "schedule_steps": trainer.schedule_steps, **tracking}
     if is_main:
         checkpoint.save(cfg.train.out, step, models=models, config=config_lib.to_dict(cfg),
                         keep_last=cfg.train.keep_last, state=state)
@@ -117,7 +125,7 @@ def _schedule_steps(ckpt: checkpoint.Checkpoint, cfg: config_lib.Config) -> int:
     return length
 
 
-def _resume(trainer: Trainer, cfg: config_lib.Config) -> int:
+def _resume(trainer: Trainer, cfg: config_lib.Config) -> checkpoint.Checkpoint:
     ckpt = checkpoint.load_latest_intact(cfg.train.out,
                                          models={"model": trainer.model, "old": trainer.old})
     diffs = checkpoint.config_mismatch(ckpt.config, config_lib.to_dict(cfg),
@@ -127,7 +135,22 @@ def _resume(trainer: Trainer, cfg: config_lib.Config) -> int:
                                          "config: " + "; ".join(diffs))
     load_optimizer_state(trainer.model, trainer.optimizers, ckpt.state["optimizers"])
     trainer.schedule_steps = _schedule_steps(ckpt, cfg)
-    return ckpt.step
+    return ckpt
+
+
+def _open_log(cfg: config_lib.Config, resumed: checkpoint.Checkpoint | None) -> MetricsLog:
+    """``metrics.jsonl`` and the trackers of ``train.loggers``, continuing the runs of the
+    ``resumed`` checkpoint (a W&B run whose id it kept); each logs the resolved config."""
+    out = Path(cfg.train.out)
+    step = None if resumed is None else resumed.step
+    config = config_lib.to_dict(cfg)
+    trackers: list[Tracker] = []
+    if "tensorboard" in cfg.train.loggers:
+        trackers.append(TensorBoardLog(out / "tensorboard", resume_step=step, config=config))
+    if "wandb" in cfg.train.loggers:
+        run_id = None if resumed is None else resumed.state.get("wandb_run_id")
+        trackers.append(WandbLog(out, config=config, name=str(out), run_id=run_id))
+    return MetricsLog(out / "metrics.jsonl", resume_step=step, trackers=trackers)
 
 
 def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
@@ -154,9 +177,10 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
         stopping = stop.agreed(info.world_size, info.group, trainer.device)
         if (faulted or stopping or (step + 1) % cfg.train.ckpt_every == 0
                 or step + 1 == cfg.train.steps):
-            path = _save(trainer, cfg, step + 1, info.is_main)
-            if log is not None:
-                plot_rewards(log.rows, out / "rewards.png")
+            path = _save(trainer, cfg, step + 1, info.is_main,
+                         {} if log is None else log.state())
+            if log is not None and (plot := plot_rewards(log.rows, out / "rewards.png")):
+                log.image("plots/rewards", plot, step + 1)
         if faulted:
             bar.close()
             raise NumericalFaultError(
@@ -172,8 +196,9 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
 
 
 def summary(cfg: config_lib.Config, trained: TinyWorldDiT, device: torch.device,
-            console: Console) -> dict:
-    """Base vs trained evaluation (eval estimator, not the reward one) and a rollout grid."""
+            console: Console, log: MetricsLog | None = None) -> dict:
+    """Base vs trained evaluation (eval estimator, not the reward one) and a rollout grid
+    (also to ``log``'s trackers)."""
     from wc_fast.eval import EvalSettings, evaluate, print_comparison, save_grid
     from wc_fast.rewards import load_estimator
 
@@ -191,6 +216,8 @@ def summary(cfg: config_lib.Config, trained: TinyWorldDiT, device: torch.device,
     out = Path(cfg.train.out)
     (out / "summary.json").write_text(json.dumps(results, indent=2))
     grid = save_grid(out / "rollouts.png", frames, estimator)
+    if log is not None:
+        log.image("plots/rollouts", grid, cfg.train.steps)
     console.print(f"summary: {out / 'summary.json'}, rollout grid: {grid}")
     return results
 
@@ -211,16 +238,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print("nft.compile: the first iterations compile the train phase "
                       "(minutes on a small CPU, cached for later runs; --nft.compile false "
                       "runs it eagerly)")
-    start = _resume(trainer, cfg) if run.resume else 0
+    resumed = _resume(trainer, cfg) if run.resume else None
+    start = 0 if resumed is None else resumed.step
     out = Path(cfg.train.out)
-    board = out / "tensorboard" if "tensorboard" in cfg.train.loggers else None
-    log = MetricsLog(out / "metrics.jsonl", resume_step=start if run.resume else None,
-                     tensorboard=board) if info.is_main else None
+    log = _open_log(cfg, resumed) if info.is_main else None
     with StopRequest() as stop:
         preempted = _loop(trainer, cfg, info, start, log, stop, console)
-    if log is not None:
-        log.close()
     if preempted:
+        if log is not None:
+            log.close()
         shutdown(info)
         return EXIT_PREEMPTED
     if log is not None and log.rows:
@@ -232,7 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cfg.train.eval_at_end:
         trained = trainer.unsharded_model()
         if trained is not None:
-            summary(cfg, trained, device, console)
+            summary(cfg, trained, device, console, log)
+    if log is not None:
+        log.close()
     shutdown(info)
     return 0
 
