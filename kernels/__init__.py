@@ -1,5 +1,7 @@
 """Drop-in ops for video-RL training: ``nft_loss``, ``flow_noise``, ``prefix_attention``,
-``grpo_sde_loss`` and ``sde_log_prob``.
+``grpo_sde_loss`` and ``sde_log_prob``; DiffusionNFT's and the official WorldCompass code's
+losses through ``nft_loss`` (``diffusion_nft_loss``, ``worldcompass_nft_loss``, in
+:mod:`wc_kernels.adapters`).
 
 The import name is ``wc_kernels``; this folder, ``kernels/``, is its source, which the build
 maps to that name (``setup.py``). The folder's own name is not an import name: ``kernels`` is
@@ -44,9 +46,15 @@ def check_torch_version(version: str) -> None:
 
 check_torch_version(torch.__version__)
 
+from wc_kernels.adapters import (  # noqa: E402
+    advantages_to_optimality,
+    diffusion_nft_loss,
+    worldcompass_nft_loss,
+)
 from wc_kernels.flow_noise import flow_noise  # noqa: E402
 from wc_kernels.grpo_sde_loss import grpo_sde_loss, sde_log_prob  # noqa: E402
 from wc_kernels.nft_loss import nft_loss  # noqa: E402
 from wc_kernels.prefix_attention import prefix_attention  # noqa: E402
 
-__all__ = ["nft_loss", "flow_noise", "prefix_attention", "grpo_sde_loss", "sde_log_prob"]
+__all__ = ["nft_loss", "flow_noise", "prefix_attention", "grpo_sde_loss", "sde_log_prob",
+           "diffusion_nft_loss", "worldcompass_nft_loss", "advantages_to_optimality"]
