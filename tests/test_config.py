@@ -60,6 +60,8 @@ def test_slots_reject_unknown_attributes():
     ("reward.rot_threshold_deg", "-1", "reward.rot_threshold_deg"),
     ("reward.trans_thresholds", "0.1,-0.2", "reward.trans_thresholds"),
     ("reward.lam", "2", "reward.lam"),
+    ("reward.trajectory_weights", "1.0", "reward.trajectory_weights"),
+    ("reward.trajectory_weights", "1.0,-1.0", "reward.trajectory_weights"),
     ("reward.std", "batch", "reward.std"),
     ("rollout.group_size", "1", "rollout.group_size"),
     ("model.dim", "100", "model.dim"),

@@ -315,6 +315,17 @@ def test_action_if_scores_both_labels_of_each_frame(monkeypatch):
     torch.testing.assert_close(s_if * frames, (s_if * frames).round())
 
 
+def test_trajectory_if_reaches_the_score_with_its_weights(monkeypatch):
+    trainer = _trainer(monkeypatch, reward_models=True, reward__if_kind="trajectory",
+                       reward__trajectory_weights="2.0,0.5")
+    calls, label_calls = _keywords(monkeypatch, "trajectory_score"), _keywords(
+        monkeypatch, "interaction_score")
+    s_if, _, _ = trainer._scores(trainer.rollout(0, 1))
+    assert calls == [{"translation_weight": 2.0, "rotation_weight": 0.5}]
+    assert label_calls == []
+    assert bool(((s_if > 0) & (s_if <= 1)).all())
+
+
 # -- advantages ---------------------------------------------------------------------------------
 
 # two candidates, IF prefers the second, VQ the first: a_IF = (-1, 1)/sqrt(2) = -a_VQ

@@ -28,7 +28,7 @@ Exploration = Literal["noise", "sde"]
 Capture = Literal["auto", "eager", "compile", "cuda_graph"]
 StdMode = Literal["group", "global"]
 RewardKind = Literal["both", "if", "vq"]
-IfKind = Literal["label", "soft", "action"]
+IfKind = Literal["label", "soft", "action", "trajectory"]
 VqMode = Literal["stride", "drift"]
 LossSpace = Literal[SPACES]  # the kernels' own choices (a tuple subscript unpacks)
 OldPrediction = Literal["old_model", "detached_current"]
@@ -113,7 +113,10 @@ class RewardConfig:
     at the smallest translation threshold), which ranks near misses above clear misses;
     ``action`` the fraction of frames whose translation AND rotation labels are both right (the
     evaluation's action accuracy, read by the reward estimator): the label IF gives half credit
-    for one of a combination's two keys, so it also rewards giving up the harder key.
+    for one of a combination's two keys, so it also rewards giving up the harder key;
+    ``trajectory`` World-R1's continuous reward ``exp(-(a e_t + b e_R))`` of the per-frame pose
+    errors against the commanded motion, ``(a, b) = trajectory_weights``
+    (:func:`wc_fast.rewards.interaction.trajectory_score`).
     """
 
     lam: float = 2.0 / 3.0
@@ -121,6 +124,7 @@ class RewardConfig:
     std: StdMode = "group"
     kind: RewardKind = "both"
     if_kind: IfKind = "label"
+    trajectory_weights: tuple[float, ...] = (1.0, 1.0)
     rot_threshold_deg: float = 1.0
     trans_thresholds: tuple[float, ...] = (0.01, 0.02, 0.03, 0.04, 0.05)
     vq_stride: int = 4
@@ -486,6 +490,9 @@ def validate(cfg: Config) -> None:
 
     _require(0.0 <= rw.lam <= 1.0, "reward.lam", "in [0, 1]", rw.lam)
     _require(rw.Z > 0, "reward.Z", "> 0", rw.Z)
+    _require(len(rw.trajectory_weights) == 2 and all(w >= 0 for w in rw.trajectory_weights),
+             "reward.trajectory_weights", "two numbers >= 0 (translation, rotation)",
+             rw.trajectory_weights)
     _require(rw.rot_threshold_deg >= 0, "reward.rot_threshold_deg", ">= 0",
              rw.rot_threshold_deg)
     _require(len(rw.trans_thresholds) >= 1 and all(t >= 0 for t in rw.trans_thresholds),

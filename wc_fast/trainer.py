@@ -36,6 +36,7 @@ from wc_fast.rewards import (
     interaction_score,
     load_critic,
     load_estimator,
+    trajectory_score,
     vq_scores,
 )
 from wc_fast.rewards.exploration import (
@@ -180,6 +181,10 @@ class Trainer:
                 s_if.append(soft_interaction_score(
                     c2w.double(), group.clip_actions, trans_threshold=min(rw.trans_thresholds),
                     rot_threshold_deg=rw.rot_threshold_deg))
+            elif rw.if_kind == "trajectory":
+                a, b = rw.trajectory_weights
+                s_if.append(trajectory_score(c2w.double(), group.clip_actions.to(c2w.device),
+                                             translation_weight=a, rotation_weight=b))
             else:
                 score = action_accuracy if rw.if_kind == "action" else interaction_score
                 trans_gt, rot_gt = split_action(group.clip_actions.to(c2w.device))

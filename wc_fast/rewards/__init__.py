@@ -7,10 +7,12 @@ from wc_fast.rewards.interaction import (
     interaction_score,
     poses_to_labels,
     relative_motion,
+    trajectory_score,
 )
 from wc_fast.rewards.scoring import if_scores, vq_scores
 
 __all__ = [
-    "poses_to_labels", "interaction_score", "action_accuracy", "relative_motion", "CameraEstimator",
+    "poses_to_labels", "interaction_score", "action_accuracy", "trajectory_score",
+    "relative_motion", "CameraEstimator",
     "VisualQualityScorer", "load_estimator", "load_critic", "if_scores", "vq_scores",
 ]

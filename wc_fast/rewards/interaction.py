@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from wc_fast.actions import bits_to_label
+from wc_fast.world.motion import ROTATION_STEP_DEG, SPEED_RANGE, TRANSLATION_STEP, action_deltas
 
 PAPER_TRANS_THRESHOLDS = (0.01, 0.02, 0.03, 0.04, 0.05)
 COS_60 = 0.5
@@ -159,3 +160,37 @@ def interaction_score(
     rot_acc = (rot == rot_gt).double().mean(-1)
     score = (trans_acc + rot_acc.unsqueeze(0)) / 2
     return score.amax(0).to(c2w.dtype)
+
+
+def trajectory_score(c2w: Tensor, actions: Tensor, *, translation_weight: float = 1.0,
+                     rotation_weight: float = 1.0) -> Tensor:
+    """World-R1's continuous trajectory reward: ``exp(-(a * e_t + b * e_R))`` ``[...]``.
+
+    ``e_t`` is the mean over frames of the L2 distance between the estimated and the commanded
+    per-frame translation, ``e_R`` the mean geodesic angle between the two rotations, both in
+    units of the world's largest per-frame step (:data:`wc_fast.world.motion.TRANSLATION_STEP`,
+    ``ROTATION_STEP_DEG``), so a whole step of error in either costs a factor ``e``. The
+    commanded motion of a key is the middle of its speed range: the world draws the speed per
+    key press, and the command does not say which. ``c2w`` ``[..., F+1, 4, 4]``, ``actions``
+    ``[..., F]`` (broadcast against the poses) -> 1 for exact middle-speed poses, falling
+    monotonically with either error.
+    """
+    _check_poses(c2w)
+    for name, w in (("translation_weight", translation_weight),
+                    ("rotation_weight", rotation_weight)):
+        if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {w!r}")
+    actions = torch.as_tensor(actions, device=c2w.device)
+    if actions.shape[-1] != c2w.shape[-3] - 1:
+        raise ValueError(f"actions must have one entry per frame ({c2w.shape[-3] - 1}), got "
+                         f"shape {tuple(actions.shape)}")
+    speed = sum(SPEED_RANGE) / 2
+    want = action_deltas(actions, translation_step=speed * TRANSLATION_STEP,
+                         rotation_step_deg=speed * ROTATION_STEP_DEG)
+    got = relative_motion(c2w)
+    e_t = (got[..., :3, 3] - want[..., :3, 3]).norm(dim=-1) / TRANSLATION_STEP
+    diff = want[..., :3, :3].transpose(-1, -2) @ got[..., :3, :3]
+    cos = ((diff.diagonal(dim1=-2, dim2=-1).sum(-1) - 1) / 2).clamp(-1.0, 1.0)
+    e_r = torch.rad2deg(torch.acos(cos)) / ROTATION_STEP_DEG
+    error = translation_weight * e_t.mean(-1) + rotation_weight * e_r.mean(-1)
+    return torch.exp(-error).to(c2w.dtype)
