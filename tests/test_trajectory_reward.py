@@ -60,8 +60,8 @@ def test_score_falls_monotonically_with_either_error():
     offsets = [0.0, 0.01, 0.05, 0.1, 0.3]
     by_offset = [trajectory_score(_perturbed(o, 0.0), ACTIONS).item() for o in offsets]
     by_angle = [trajectory_score(_perturbed(0.0, d), ACTIONS).item() for d in offsets]
-    assert all(x > y for x, y in zip(by_offset, by_offset[1:]))
-    assert all(x > y for x, y in zip(by_angle, by_angle[1:]))
+    assert all(x > y for x, y in zip(by_offset, by_offset[1:], strict=False))
+    assert all(x > y for x, y in zip(by_angle, by_angle[1:], strict=False))
 
 
 def test_batched_candidates_share_one_command():
