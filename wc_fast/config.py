@@ -39,6 +39,7 @@ Trainable = Literal["all", "conditioning"]
 EmaSchedule = Literal["linear", "official", "constant"]
 Device = Literal["auto", "cpu", "cuda"]
 Distributed = Literal["ddp", "fsdp2"]
+Update = Literal["nft", "flow_grpo"]
 PREDICTIONS = typing.get_args(Prediction)
 
 
@@ -162,6 +163,34 @@ class NFTConfig:
 
 
 @dataclass(slots=True)
+class GRPOConfig:
+    """Flow-GRPO / DanceGRPO's update, used with ``train.update flow_grpo`` (docs/design.md
+    section 4.1). Defaults are Flow-GRPO's (``yifan123/flow_grpo``, ``config/base.py``).
+
+    The old model samples every candidate with the flow-matching SDE at noise level
+    ``rollout.sde_noise`` and records each stochastic step's log-probability; the update is the
+    PPO-clipped ratio of the current model's log-probability of that step to the recorded one,
+    times the candidate's group advantage clipped to ``+-adv_clip_max``
+    (:func:`wc_kernels.grpo_sde_loss`), plus ``kl_beta`` times the KL to the initial model
+    (kept, frozen, only when ``kl_beta > 0``).
+
+    ``timestep_fraction``: the share of a candidate's stochastic steps it is trained on (a
+    random subset per candidate). ``window``: 0 injects noise at every step but the last; N > 0
+    (Flow-GRPO-Fast) only at N consecutive steps placed at random per group, with ODE steps
+    elsewhere, and trains all N (``timestep_fraction`` is then unused). ``same_noise``: every
+    candidate of a group starts from one initial noise (DanceGRPO) instead of its own
+    (Flow-GRPO).
+    """
+
+    clip_range: float = 1e-4
+    adv_clip_max: float = 5.0
+    kl_beta: float = 0.0
+    timestep_fraction: float = 1.0
+    window: int = 0
+    same_noise: bool = False
+
+
+@dataclass(slots=True)
 class OptimConfig:
     """``muon``: Muon on the hidden 2-D weights and AdamW on the rest (embeddings, output
     heads, norms and biases, which Muon is not meant for); ``adamw``: AdamW on everything.
@@ -199,6 +228,10 @@ class TrainConfig:
     counted; this many in a row stop the run with an error, after a checkpoint of the last good
     state.
 
+    ``update``: the policy update. ``nft`` is WorldCompass's negative-aware fine-tuning of the
+    kept candidates (section ``nft``); ``flow_grpo`` the Flow-GRPO / DanceGRPO update of every
+    candidate at its recorded SDE steps (section ``grpo``).
+
     ``loggers``: where each iteration's metrics go: ``jsonl`` (``metrics.jsonl``, always: resume
     and the plots read it), ``tensorboard`` (event files under ``tensorboard/`` in
     ``train.out``; needs the ``tensorboard`` extra) and ``wandb`` (a Weights & Biases run,
@@ -220,6 +253,7 @@ class TrainConfig:
     eval_clips: int = 3
     max_bad_updates: int = 3
     loggers: tuple[str, ...] = ("jsonl",)
+    update: Update = "nft"
 
 
 @dataclass(slots=True)
@@ -258,6 +292,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     nft: NFTConfig = field(default_factory=NFTConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -457,6 +492,30 @@ def _choices(path: str, value: object, options: tuple[str, ...]) -> None:
     _require(value in options, path, f"one of {options}", value)
 
 
+def _validate_grpo(cfg: Config) -> None:
+    """The ``grpo`` section, and what ``train.update flow_grpo`` needs of the rollout."""
+    gr, ro = cfg.grpo, cfg.rollout
+    _require(0.0 <= gr.clip_range < 1.0, "grpo.clip_range", "in [0, 1)", gr.clip_range)
+    _require(gr.adv_clip_max > 0, "grpo.adv_clip_max", "> 0", gr.adv_clip_max)
+    _require(gr.kl_beta >= 0, "grpo.kl_beta", ">= 0 (0 = no reference model)", gr.kl_beta)
+    _require(0.0 < gr.timestep_fraction <= 1.0, "grpo.timestep_fraction", "in (0, 1]",
+             gr.timestep_fraction)
+    # the sampler's last step (to sigma 0) is always deterministic
+    _require(0 <= gr.window <= ro.steps - 1, "grpo.window",
+             f"an integer in [0, rollout.steps - 1 = {ro.steps - 1}] (0 = every step)",
+             gr.window)
+    if cfg.train.update != "flow_grpo":
+        return
+    _require(ro.steps >= 2, "rollout.steps (with train.update flow_grpo)",
+             "an integer >= 2 (the last step is deterministic, so one step has no noise)",
+             ro.steps)
+    _require(ro.sde_noise > 0, "rollout.sde_noise (with train.update flow_grpo)",
+             "> 0 (the SDE's noise level)", ro.sde_noise)
+    _choices("rollout.exploration (with train.update flow_grpo; grpo.same_noise and "
+             "grpo.window set how candidates explore)", ro.exploration, ("noise",))
+    _choices("rollout.mode (with train.update flow_grpo)", ro.mode, ("clip",))
+
+
 def validate(cfg: Config) -> None:
     """Raise ``ValueError`` naming the field for any impossible value."""
     _choices("preset", cfg.preset, PRESETS)
@@ -504,6 +563,7 @@ def validate(cfg: Config) -> None:
     _require(0.0 < nf.timestep_fraction <= 1.0, "nft.timestep_fraction", "in (0, 1]",
              nf.timestep_fraction)
     _require(nf.micro_batch >= 0, "nft.micro_batch", ">= 0 (0 = automatic)", nf.micro_batch)
+    _validate_grpo(cfg)
     _require(op.lr > 0, "optim.lr", "> 0", op.lr)
     _require(op.weight_decay >= 0, "optim.weight_decay", ">= 0", op.weight_decay)
     _require(op.grad_clip >= 0, "optim.grad_clip", ">= 0 (0 = off)", op.grad_clip)

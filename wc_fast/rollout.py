@@ -4,7 +4,8 @@ Clip-level: the history (world prompt + clips ``1..n-1``) is generated ONCE with
 sampler, its KV cache built once, then the ``G`` candidates of clip ``n`` are sampled in one
 batched forward per step that reads that single cache. Sample-level: every candidate generates
 its own whole sequence ``1..n`` from its own noise, so candidates differ in their histories too
-(one reward per sequence).
+(one reward per sequence). With a ``GRPOConfig``, clip-level candidates are sampled with
+Flow-GRPO's SDE and keep their recorded steps (:class:`~wc_fast.sampler.SDETrajectory`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from wc_fast.config import GRPOConfig
 from wc_fast.models import ContextCache, TinyWorldDiT
 from wc_fast.models.motion_latent import noise_latents
-from wc_fast.sampler import ClipSampler
+from wc_fast.sampler import ClipSampler, SDETrajectory
 
 
 @dataclass(slots=True)
@@ -27,7 +29,8 @@ class GroupRollout:
     ``history_actions`` ``[H, 1 + (n-1)*F]`` (0 for the prompt frame), ``caches`` the old
     model's cache of each history, ``candidates`` ``[G, F, C, H, W]``, ``clip_actions`` ``[F]``,
     ``latents`` ``[G, 3]`` the motion latents of each candidate's initial noise
-    (:mod:`wc_fast.models.motion_latent`).
+    (:mod:`wc_fast.models.motion_latent`), ``trajectory`` the candidates' recorded SDE steps
+    (GRPO rollouts only).
     """
 
     history: Tensor
@@ -37,6 +40,7 @@ class GroupRollout:
     clip_actions: Tensor
     clip_index: int
     latents: Tensor
+    trajectory: SDETrajectory | None = None
 
     @property
     def previous_frames(self) -> Tensor:
@@ -74,17 +78,22 @@ def generate_history(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tensor,
 
 @torch.no_grad()
 def rollout_clip_level(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tensor,
-                       actions: Tensor, clip_index: int, group_size: int, gen: torch.Generator
-                       ) -> GroupRollout:
-    """History once, then ``group_size`` candidates of clip ``clip_index`` in one batch."""
+                       actions: Tensor, clip_index: int, group_size: int, gen: torch.Generator,
+                       *, grpo: GRPOConfig | None = None) -> GroupRollout:
+    """History once, then ``group_size`` candidates of clip ``clip_index`` in one batch; with
+    ``grpo``, sampled by :meth:`ClipSampler.sample_sde` with its ``same_noise`` and ``window``."""
     f = model.clip_frames
     history, history_actions, cache = generate_history(model, sampler, prompt, actions,
                                                        clip_index - 1, gen)
     clip_actions = actions[(clip_index - 1) * f:clip_index * f]
-    sampled = sampler.sample(cache, clip_actions, num=group_size, generator=gen)
+    if grpo is None:
+        sampled = sampler.sample(cache, clip_actions, num=group_size, generator=gen)
+    else:
+        sampled = sampler.sample_sde(cache, clip_actions, num=group_size, generator=gen,
+                                     same_noise=grpo.same_noise, window=grpo.window)
     latents = noise_latents(sampled.noise).expand(group_size, -1)
     return GroupRollout(history, history_actions, [cache], sampled.clips.clamp(-1, 1),
-                        clip_actions, clip_index, latents)
+                        clip_actions, clip_index, latents, sampled.trajectory)
 
 
 @torch.no_grad()

@@ -6,6 +6,9 @@ each candidate from its own initial noise (WorldCompass exploration). The ``sde`
 starts every candidate from ONE shared noise and injects fresh noise at each step (the
 DanceGRPO / Flow-GRPO exploration that WorldCompass ablates against). The last step to
 ``s = 0`` is always the deterministic ``x - s v``, i.e. the x0 prediction.
+:meth:`ClipSampler.sample_sde` is Flow-GRPO's sampling for its update: per-candidate (or, as in
+DanceGRPO, shared) initial noise, SDE steps at every step but the last or in a window of them,
+and every stochastic step recorded with its log-probability.
 
 Execution: ``eager`` (the reference), ``compile`` (``torch.compile`` of one step;
 ``reduce-overhead`` on CUDA) or ``cuda_graph`` (the whole step loop captured once per shape
@@ -23,6 +26,7 @@ from torch import Tensor
 from wc_fast.config import Capture, Exploration
 from wc_fast.models.motion_latent import noise_latents
 from wc_fast.models.protocol import ContextCache, WorldModel
+from wc_kernels import sde_log_prob
 
 CAPTURE_MODES = typing.get_args(Capture)
 EXPLORATION_MODES = typing.get_args(Exploration)
@@ -55,12 +59,32 @@ def sde_step_std(sigma: float, noise_level: float, sigma_max: float) -> float:
 
 
 @dataclass(slots=True)
+class SDETrajectory:
+    """The ``K`` stochastic steps of one sampling loop of ``G`` candidates.
+
+    Step ``k`` is schedule step ``index[k]``: it moved every candidate from ``sample[k]`` to
+    ``prev_sample[k]`` (both ``[K, G, F, C, H, W]``), from noise level ``sigma[k]`` to
+    ``sigma_next[k]`` (``[K]``); ``log_prob[k]`` ``[G]`` is the sampling model's
+    log-probability of each move (:func:`wc_kernels.sde_log_prob`), what GRPO's ratio divides by.
+    """
+
+    index: list[int]
+    sample: Tensor
+    prev_sample: Tensor
+    sigma: Tensor
+    sigma_next: Tensor
+    log_prob: Tensor
+
+
+@dataclass(slots=True)
 class SampledClips:
-    """Sampled clips ``[G, F, C, H, W]`` and everything needed to replay them exactly."""
+    """Sampled clips ``[G, F, C, H, W]`` and everything needed to replay them exactly
+    (``trajectory``: the recorded SDE steps of :meth:`ClipSampler.sample_sde`)."""
 
     clips: Tensor
     noise: Tensor
     step_noise: Tensor | None = None
+    trajectory: SDETrajectory | None = None
 
 
 class ClipSampler:
@@ -109,6 +133,28 @@ class ClipSampler:
             clips = self._integrate(noise, cache, actions.to(device), step_noise)
         return SampledClips(clips=clips, noise=noise, step_noise=step_noise)
 
+    def sample_sde(self, cache: ContextCache, actions: Tensor, *, num: int,
+                   generator: torch.Generator | None = None, same_noise: bool = False,
+                   window: int = 0) -> SampledClips:
+        """``num`` candidates of one clip sampled with Flow-GRPO's SDE, each stochastic step
+        recorded in the result's ``trajectory``; ``actions`` ``[F]`` or ``[num, F]``.
+
+        Each candidate starts from its own initial noise, or all from one (``same_noise``,
+        DanceGRPO). Noise of level ``sde_noise`` enters at every step but the last
+        (``window = 0``) or at ``window`` consecutive steps placed at random (Flow-GRPO-Fast),
+        with deterministic Euler steps elsewhere. Runs eagerly: the trajectory needs each
+        step's velocity. Every draw comes from ``generator``.
+        """
+        device = self._device()
+        shape = self._clip_shape(num)
+        noise = torch.randn(shape if not same_noise else (1, *shape[1:]), generator=generator,
+                            device=device).expand(shape).contiguous()
+        stochastic = self._sde_steps(window, generator, device)
+        with torch.no_grad():
+            clips, trajectory = self._record(noise, cache, actions.to(device), stochastic,
+                                             generator)
+        return SampledClips(clips=clips, noise=noise, trajectory=trajectory)
+
     # -- internals ----------------------------------------------------------------------------
 
     def _device(self) -> torch.device:
@@ -144,6 +190,52 @@ class ClipSampler:
         return self._loop(self._compiled(noise.device), noise, cache, actions,
                           step_noise).clone()
 
+    def _sde_steps(self, window: int, generator: torch.Generator | None,
+                   device: torch.device) -> list[int]:
+        """Indices of the stochastic steps: all but the last for ``window = 0``, else
+        ``window`` consecutive ones starting at a random step (never the last)."""
+        last = len(self.sigmas) - 2  # the final step, to sigma 0, stays deterministic
+        if not 0 <= window <= last:
+            raise ValueError(f"window must lie in [0, {last}] for {last + 1} steps, got "
+                             f"{window!r}")
+        if window == 0:
+            return list(range(last))
+        start = int(torch.randint(last - window + 1, (1,), generator=generator, device=device))
+        return list(range(start, start + window))
+
+    def _record(self, noise: Tensor, cache: ContextCache, actions: Tensor,
+                stochastic: list[int], generator: torch.Generator | None
+                ) -> tuple[Tensor, SDETrajectory]:
+        """Integrate ``noise`` ``[G, F, C, H, W]`` with SDE steps at ``stochastic`` and Euler
+        steps elsewhere; return the clips and the recorded SDE steps."""
+        x = noise.clone()
+        num, device = noise.shape[0], noise.device
+        extra = {"motion": noise_latents(noise)} if self.model.motion_latent else {}
+        sigma_max = self.sigmas[1]
+        steps: list[tuple[int, Tensor, Tensor, Tensor]] = []
+        for i, (s, s_next) in enumerate(zip(self.sigmas[:-1], self.sigmas[1:], strict=True)):
+            sigma = torch.full((num,), s, device=device)
+            s_t, dt = torch.full((), s, device=device), torch.full((), s_next - s, device=device)
+            v = self.model.velocity(x, sigma, actions, cache, **extra)
+            if i not in stochastic:
+                x = self._update(x, v, s_t, dt, None, None)
+                continue
+            std = torch.full((), sde_step_std(s, self.sde_noise, sigma_max), device=device)
+            eps = torch.randn(x.shape, generator=generator, device=device)
+            x_next = self._update(x, v, s_t, dt, std, eps)
+            log_prob = sde_log_prob(v, x, x_next, sigma, torch.full((num,), s_next, device=device),
+                                    noise_level=self.sde_noise, sigma_max=sigma_max)
+            steps.append((i, x, x_next, log_prob))
+            x = x_next
+        index = [i for i, *_ in steps]
+        trajectory = SDETrajectory(
+            index=index, sample=torch.stack([t[1] for t in steps]),
+            prev_sample=torch.stack([t[2] for t in steps]),
+            sigma=torch.tensor([self.sigmas[i] for i in index], device=device),
+            sigma_next=torch.tensor([self.sigmas[i + 1] for i in index], device=device),
+            log_prob=torch.stack([t[3] for t in steps]))
+        return x, trajectory
+
     def _compiled(self, device: torch.device):
         """``torch.compile`` of one step; on CUDA with ``reduce-overhead`` (its own graphs)."""
         if self._compiled_step is None:
@@ -176,6 +268,14 @@ class ClipSampler:
                              signature=signature, last_frame=last_frame)
         extra = {} if motion is None else {"motion": motion}
         v = self.model.velocity(x, sigma, actions, cache, **extra)
+        return self._update(x, v, s, dt, std, eps)
+
+    @staticmethod
+    def _update(x: Tensor, v: Tensor, s: Tensor, dt: Tensor, std: Tensor | None,
+                eps: Tensor | None) -> Tensor:
+        """``x`` ``[G, F, C, H, W]`` moved by velocity ``v`` from ``s`` by ``dt``: Euler without
+        ``eps``, else Flow-GRPO's SDE step of noise std ``std`` (the mean
+        :func:`wc_kernels.sde_log_prob` scores)."""
         if eps is None:
             return x + dt * v
         drift = x * (1 + std**2 / (2 * s) * dt) + v * (1 + std**2 * (1 - s) / (2 * s)) * dt

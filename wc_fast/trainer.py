@@ -8,11 +8,17 @@ velocities in micro-batches over the shared history; the fused ``nft_loss``; Muo
 EMA of the old model. Groups are split across ranks by a global group index, so every random
 draw (prompts, rollout noise, sigma picks, flow noise) depends only on
 ``(seed, iteration, global group)`` and any rank layout computes the same update.
+
+With ``train.update flow_grpo`` the candidates are sampled with Flow-GRPO's SDE and their
+stochastic steps recorded; every candidate of a group is trained at some of its recorded steps
+with the PPO-clipped ``grpo_sde_loss`` on its group advantage, over the same shared history and
+micro-batches (docs/design.md section 4.1).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import time
 import warnings
@@ -51,7 +57,7 @@ from wc_fast.rollout import GroupRollout, rollout_clip_level, rollout_sample_lev
 from wc_fast.runtime import compile_unavailable, generator, stream_seed
 from wc_fast.sampler import ClipSampler, sigma_schedule
 from wc_fast.world import sample_sequences
-from wc_kernels import flow_noise, nft_loss
+from wc_kernels import flow_noise, grpo_sde_loss, nft_loss
 
 CPU_MICRO_BATCH = 32
 
@@ -103,6 +109,25 @@ class TrainingItems:
     motion: Tensor | None  # [N, 3] motion latents the model is given (motion-latent models)
 
 
+@dataclass(slots=True)
+class GRPOItems:
+    """One group's candidates at some of their recorded SDE steps: what a GRPO update trains on.
+
+    Row ``i`` is candidate ``candidate[i]`` (an index into the group) at one stochastic step
+    of its rollout, which moved it from ``sample[i]`` to ``prev_sample[i]``.
+    """
+
+    group: GroupRollout
+    sample: Tensor  # [N, F, C, H, W] the latent before the step
+    prev_sample: Tensor  # [N, F, C, H, W] the latent after it
+    sigma: Tensor  # [N]
+    sigma_next: Tensor  # [N]
+    old_log_prob: Tensor  # [N] the old model's log-probability of the step, from the rollout
+    advantage: Tensor  # [N] the row's candidate's group advantage
+    candidate: list[int]  # [N]
+    motion: Tensor | None  # [N, 3] the candidate's own motion latents (motion-latent models)
+
+
 class RewardNaNError(ValueError):
     """A reward model returned NaN or inf."""
 
@@ -121,12 +146,17 @@ class Trainer:
         self.device = device
         self.rank, self.world_size, self.process_group = rank, world_size, process_group
         self.sharded = cfg.train.distributed == "fsdp2" and world_size > 1
+        self.grpo = cfg.train.update == "flow_grpo"
         self.model = model.to(device).train()
         self.old = copy.deepcopy(self.model).eval().requires_grad_(False)
+        # GRPO's KL reference: the initial model, frozen (a resumed run rebuilds it from the init)
+        self.ref = (copy.deepcopy(self.model).eval().requires_grad_(False)
+                    if self.grpo and cfg.grpo.kl_beta > 0 else None)
         freeze_untrained(self.model, cfg.optim.trainable)
         if self.sharded:
-            shard_model(self.model, process_group, device.type)
-            shard_model(self.old, process_group, device.type)
+            for module in (self.model, self.old, self.ref):
+                if module is not None:
+                    shard_model(module, process_group, device.type)
         self.optimizers = build_optimizers(self.model, cfg.optim)
         # consecutive updates skipped for a NaN or inf loss or gradient
         self.bad_streak = 0
@@ -138,6 +168,8 @@ class Trainer:
                                    exploration=ro.exploration, sde_noise=ro.sde_noise)
         self.sigmas = sigma_schedule(ro.steps, ro.shift)[:-1]
         self._velocity = {"model": self.model.velocity, "old": self.old.velocity}
+        if self.ref is not None:
+            self._velocity["ref"] = self.ref.velocity
         why_not = compile_unavailable(device) if cfg.nft.compile else None
         if why_not:
             warnings.warn(f"nft.compile: {why_not}; the train phase runs eagerly", stacklevel=2)
@@ -161,6 +193,8 @@ class Trainer:
 
     def rollout(self, step: int, clip_index: int) -> list[GroupRollout]:
         run = rollout_sample_level if self.cfg.rollout.mode == "sample" else rollout_clip_level
+        if self.grpo:  # validation keeps GRPO to clip-level rollouts
+            run = functools.partial(rollout_clip_level, grpo=self.cfg.grpo)
         groups = []
         for g in self.group_ids():
             prompt, actions = group_prompt(self.cfg, step, g, self.device)
@@ -219,25 +253,22 @@ class Trainer:
 
     def update(self, step: int, groups: list[GroupRollout], r: Tensor, adv: Tensor
                ) -> tuple[float, int, float, int]:
-        """NFT updates of the current model on the kept candidates; returns (mean loss,
-        skipped groups, FLOPs, updates skipped for a NaN or inf loss or gradient)."""
-        nf, c = self.cfg.nft, self.cfg
-        # ties at the cut broken at random, per global group (any rank layout draws the same)
-        kept = torch.cat([select_extremes(adv[b:b + 1], nf.keep,
-                                          generator=generator(c.train.seed, step, gid, "select"))
-                          for b, gid in enumerate(self.group_ids())])
+        """NFT updates of the current model on the kept candidates, or GRPO updates on every
+        candidate; returns (mean loss, skipped groups, FLOPs, updates skipped for a NaN or inf
+        loss or gradient)."""
+        c = self.cfg
+        kept = self._kept(step, adv)
         flat = (adv == 0).all(dim=1)
-        k_sig = math.ceil(nf.timestep_fraction * len(self.sigmas))
         # kept positions in a random order before they are split into updates, so each update
         # sees positives and negatives (in kept order the first saw only the best)
-        order = torch.randperm(2 * nf.keep, generator=generator(c.train.seed, step, "order"))
+        order = torch.randperm(kept.shape[1], generator=generator(c.train.seed, step, "order"))
         chunks = order.tensor_split(c.optim.updates_per_iteration)
         losses, flops, bad = [], 0.0, 0
         for chunk in chunks:
-            batches = [self._items(step, gid, group, r[b], kept[b, chunk], k_sig)
+            batches = [self._group_items(step, gid, group, r[b], adv[b], kept[b, chunk])
                        for b, (gid, group) in enumerate(zip(self.group_ids(), groups,
                                                             strict=True)) if not flat[b]]
-            total = self._global_sum(float(sum(len(item.r) for item in batches)))
+            total = self._global_sum(float(sum(len(item.candidate) for item in batches)))
             if total == 0:
                 continue
             for opt in self.optimizers:
@@ -286,6 +317,46 @@ class Trainer:
 
     # -- training internals ---------------------------------------------------------------------
 
+    def _kept(self, step: int, adv: Tensor) -> Tensor:
+        """The candidates each group trains on ``[B, K]``: NFT's ``nft.keep`` best then worst
+        (ties at the cut broken at random per global group, so any rank layout draws the same),
+        or all ``G`` for GRPO."""
+        if self.grpo:
+            return torch.arange(adv.shape[1]).expand(adv.shape[0], -1)
+        keep, seed = self.cfg.nft.keep, self.cfg.train.seed
+        return torch.cat([select_extremes(adv[b:b + 1], keep,
+                                          generator=generator(seed, step, gid, "select"))
+                          for b, gid in enumerate(self.group_ids())])
+
+    def _group_items(self, step: int, gid: int, group: GroupRollout, r: Tensor, adv: Tensor,
+                     chosen: Tensor) -> TrainingItems | GRPOItems:
+        """What the chosen candidates of a group are trained on; ``r``, ``adv`` ``[G]``."""
+        if self.grpo:
+            return self._grpo_items(step, gid, group, adv, chosen)
+        k_sig = math.ceil(self.cfg.nft.timestep_fraction * len(self.sigmas))
+        return self._items(step, gid, group, r, chosen, k_sig)
+
+    def _grpo_items(self, step: int, gid: int, group: GroupRollout, adv: Tensor,
+                    chosen: Tensor) -> GRPOItems:
+        """The chosen candidates at ``ceil(grpo.timestep_fraction K)`` distinct ones of their
+        ``K`` recorded SDE steps each (all ``K`` with a ``grpo.window``), drawn per candidate."""
+        gr, traj = self.cfg.grpo, group.trajectory
+        total = len(traj.index)
+        k = total if gr.window else math.ceil(gr.timestep_fraction * total)
+        gen = generator(self.cfg.train.seed, step, gid, "grpo_steps", *chosen.tolist())
+        steps = torch.stack([torch.randperm(total, generator=gen)[:k]
+                             for _ in range(len(chosen))]).flatten().to(self.device)
+        rows = chosen.repeat_interleave(k).to(self.device)
+        motion = None
+        if self.cfg.model.motion_latent:  # the latents the candidate was generated with
+            motion = group.latents[rows.to(group.latents.device)].to(self.device)
+        return GRPOItems(group=group, sample=traj.sample[steps, rows],
+                         prev_sample=traj.prev_sample[steps, rows], sigma=traj.sigma[steps],
+                         sigma_next=traj.sigma_next[steps],
+                         old_log_prob=traj.log_prob[steps, rows],
+                         advantage=adv.to(self.device)[rows], candidate=rows.tolist(),
+                         motion=motion)
+
     def _items(self, step: int, gid: int, group: GroupRollout, r: Tensor, chosen: Tensor,
                k_sig: int) -> TrainingItems:
         """Noisy clips of the chosen candidates at ``k_sig`` distinct schedule sigmas each."""
@@ -324,7 +395,18 @@ class Trainer:
         # with gradient, the backward through the cache costs about twice its forward
         return cache, flops * (3 if mode == "recompute_grad" else 1)
 
-    def _accumulate(self, item: TrainingItems, total: float) -> tuple[float, float]:
+    def _reference_cache(self, group: GroupRollout, row: int) -> tuple[ContextCache | None,
+                                                                       float]:
+        """The reference model's history cache (``None`` without one) and its FLOPs."""
+        if self.ref is None:
+            return None, 0.0
+        with torch.no_grad():
+            cache = self.ref.build_cache_parallel(group.history[row:row + 1],
+                                                  group.history_actions[row:row + 1],
+                                                  sigma=self.ref.cfg.context_sigma)
+        return cache, self.ref.history_flops(group.history.shape[1])
+
+    def _accumulate(self, item: TrainingItems | GRPOItems, total: float) -> tuple[float, float]:
         """Backward of the item's loss sum / ``total`` in micro-batches over shared caches;
         returns that value (the item's share of the step's mean loss) and the FLOPs."""
         nf = self.cfg.nft
@@ -333,15 +415,19 @@ class Trainer:
         rows = [0] * len(item.candidate) if shared else item.candidate
         loss_sum, flops = 0.0, 0.0
         micro = nf.micro_batch or (len(rows) if self.device.type == "cuda" else CPU_MICRO_BATCH)
+        grpo = isinstance(item, GRPOItems)
+        micro_loss = self._grpo_micro_loss if grpo else self._micro_loss
         for row in sorted(set(rows)):
             idx = torch.tensor([i for i, o in enumerate(rows) if o == row])
             old_cache = group.caches[row]
             cache, cache_flops = self._current_cache(group, row, old_cache)
-            flops += cache_flops
+            # the frozen model's cache: the old model's for NFT's v_old, the reference's for GRPO
+            frozen, frozen_flops = (self._reference_cache(group, row) if grpo
+                                    else (old_cache, 0.0))
+            flops += cache_flops + frozen_flops
             parts = idx.split(micro)
             for j, part in enumerate(parts):
-                loss, f = self._micro_loss(item, part, group.clip_actions, cache, old_cache,
-                                           1.0 / total)
+                loss, f = micro_loss(item, part, group.clip_actions, cache, frozen, 1.0 / total)
                 last = j == len(parts) - 1
                 loss.backward(retain_graph=nf.context_kv == "recompute_grad" and not last)
                 loss_sum += loss.item()
@@ -365,6 +451,30 @@ class Trainer:
                         item.r[part], beta=nf.beta, sigma=sigma, space=nf.loss_space,
                         reduction="sum", scale=scale, check_values=False)
         return loss, flops
+
+    def _grpo_micro_loss(self, item: GRPOItems, part: Tensor, actions: Tensor,
+                         cache: ContextCache, ref_cache: ContextCache | None, scale: float
+                         ) -> tuple[Tensor, float]:
+        """GRPO's loss on rows ``part``, weighted ``len(part) * scale`` (``grpo_sde_loss``
+        averages its rows, the step averages over all of its rows), and its FLOPs."""
+        gr = self.cfg.grpo
+        sample, sigma = item.sample[part], item.sigma[part]
+        motion = None if item.motion is None else item.motion[part]
+        v_theta = self._velocity["model"](sample, sigma, actions, cache, motion=motion)
+        batch_flops = self.model.velocity_flops(len(part), cache.num_tokens)
+        ref_output, flops = None, 3 * batch_flops
+        if ref_cache is not None:
+            with torch.no_grad():
+                ref_output = self._velocity["ref"](sample, sigma, actions, ref_cache,
+                                                   motion=motion)
+            flops += batch_flops
+        loss = grpo_sde_loss(v_theta, sample, item.prev_sample[part], sigma,
+                             item.sigma_next[part], item.old_log_prob[part],
+                             item.advantage[part], noise_level=self.cfg.rollout.sde_noise,
+                             clip_range=gr.clip_range, adv_clip_max=gr.adv_clip_max,
+                             sigma_max=self.sampler.sigmas[1], ref_output=ref_output,
+                             kl_beta=gr.kl_beta)
+        return loss * (len(part) * scale), flops
 
     def _global_sum(self, value: float) -> float:
         if self.world_size == 1:
