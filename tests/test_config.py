@@ -71,6 +71,15 @@ def test_slots_reject_unknown_attributes():
     ("train.max_bad_updates", "0", "train.max_bad_updates"),
     ("train.loggers", "tensorboard", "train.loggers"),
     ("train.loggers", "jsonl,mlflow", "train.loggers"),
+    ("train.update", "ppo", "train.update"),
+    ("grpo.clip_range", "-0.1", "grpo.clip_range"),
+    ("grpo.clip_range", "1.0", "grpo.clip_range"),
+    ("grpo.adv_clip_max", "0", "grpo.adv_clip_max"),
+    ("grpo.kl_beta", "-0.04", "grpo.kl_beta"),
+    ("grpo.timestep_fraction", "0", "grpo.timestep_fraction"),
+    ("grpo.timestep_fraction", "1.5", "grpo.timestep_fraction"),
+    ("grpo.window", "-1", "grpo.window"),
+    ("grpo.window", "40", "grpo.window"),  # 40 steps: the last is never stochastic
 ])
 def test_impossible_values_name_the_field(path, value, match):
     cfg = C.preset("paper")
@@ -89,6 +98,35 @@ def test_fsdp2_refuses_what_it_cannot_shard(path, value):
     C.apply_override(cfg, path, value)
     with pytest.raises(ValueError, match=path):
         C.validate(cfg)
+
+
+@pytest.mark.parametrize("path,value", [("rollout.sde_noise", "0"),
+                                        ("rollout.exploration", "sde"),
+                                        ("rollout.mode", "sample"),
+                                        ("rollout.steps", "1")])
+def test_flow_grpo_refuses_rollouts_it_cannot_train_on(path, value):
+    cfg = C.preset("paper")
+    C.apply_override(cfg, path, value)
+    C.validate(cfg)  # the NFT update takes them
+    C.apply_override(cfg, "train.update", "flow_grpo")
+    with pytest.raises(ValueError, match=rf"{path} \(with train.update flow_grpo"):
+        C.validate(cfg)
+
+
+def test_grpo_defaults_are_flow_grpos_and_the_cli_sets_them():
+    cfg = C.preset("paper")
+    assert cfg.train.update == "nft"
+    gr = cfg.grpo
+    assert (gr.clip_range, gr.adv_clip_max, gr.kl_beta) == (1e-4, 5.0, 0.0)
+    assert (gr.timestep_fraction, gr.window, gr.same_noise) == (1.0, 0, False)
+    run = parse_run_args("t", "t", ["--preset", "smoke", "--train.update", "flow_grpo",
+                                    "--grpo.window", "2", "--grpo.same_noise", "true",
+                                    "--grpo.kl_beta", "0.04"])
+    gr = run.config.grpo
+    assert run.config.train.update == "flow_grpo"
+    assert (gr.window, gr.same_noise, gr.kl_beta) == (2, True, 0.04)
+    with pytest.raises(SystemExit):
+        parse_run_args("t", "t", ["--preset", "smoke", "--grpo.window", "4"])
 
 
 def test_unknown_preset_and_fields():
