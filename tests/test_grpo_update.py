@@ -9,7 +9,7 @@ import pytest
 import torch
 from gloo_ranks import spawn_ranks
 from test_train import SMOKE, _assert_same, _final_weights
-from test_trainer_options import _config, _ranked_scores
+from test_trainer_options import _config, _ranked_scores, _record
 
 from wc_fast import checkpoint
 from wc_fast import trainer as trainer_module
@@ -133,12 +133,9 @@ def test_first_update_has_ratio_one(monkeypatch, loss_calls):
         return real(*args, **kw)
 
     monkeypatch.setitem(trainer._velocity, "model", spy)
-    rollouts = []
-    real_rollout = trainer.rollout
-    monkeypatch.setattr(trainer, "rollout", lambda *a: rollouts.append(real_rollout(*a))
-                        or rollouts[-1])
+    rollouts = _record(monkeypatch, trainer, "rollout")
     trainer.iteration(1)  # clip 2: the current model builds its own history cache
-    ((group,),) = rollouts
+    ((_, (group,)),) = rollouts
     log_prob = torch.cat([c["log_prob"] for c in loss_calls])
     old = torch.cat([c["old_log_prob"] for c in loss_calls])
     g, k = trainer.cfg.rollout.group_size, trainer.cfg.rollout.steps - 1
@@ -146,11 +143,11 @@ def test_first_update_has_ratio_one(monkeypatch, loss_calls):
     torch.testing.assert_close(log_prob, old, rtol=0, atol=1e-5)
     motion = torch.cat(velocity)
     assert {tuple(m.tolist()) for m in motion} == {tuple(m.tolist()) for m in group.latents}
-    # the latents matter: other candidates' would change the predicted velocity
+    # the latents matter: the next candidate's (rows come k per candidate) change the velocity
     first = loss_calls[0]
     with torch.no_grad():
         v = trainer.model.velocity(first["sample"], first["sigma"], group.clip_actions,
-                                   group.caches[0], motion=velocity[0].roll(1, dims=0))
+                                   group.caches[0], motion=velocity[0].roll(k, dims=0))
     assert float((v - first["model_output"].detach()).abs().max()) > 1e-3
 
 
@@ -256,12 +253,9 @@ def test_fast_window_steps_are_the_only_stochastic_ones(monkeypatch):
 
 def test_fast_window_steps_are_the_only_trained_ones(monkeypatch, loss_calls):
     trainer = _trainer(monkeypatch, grpo__window="2", grpo__timestep_fraction="0.1")
-    rollouts = []
-    real_rollout = trainer.rollout
-    monkeypatch.setattr(trainer, "rollout", lambda *a: rollouts.append(real_rollout(*a))
-                        or rollouts[-1])
+    rollouts = _record(monkeypatch, trainer, "rollout")
     trainer.iteration(0)
-    ((group,),) = rollouts
+    ((_, (group,)),) = rollouts
     window = group.trajectory.index
     sigma = torch.cat([c["sigma"] for c in loss_calls])
     assert sigma.numel() == 2 * trainer.cfg.rollout.group_size  # both steps of each candidate
@@ -305,11 +299,12 @@ def _rank(rank: int, args: list[str]) -> None:
     assert main(args) == 0
 
 
-def test_two_gloo_ranks_equal_one_process(tmp_path):
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
+def test_two_gloo_ranks_equal_one_process(tmp_path, mode):
     common = [*RUN, "--steps", "2", "--reward.std", "global", "--grpo.timestep_fraction", "0.5"]
     one, two = tmp_path / "one", tmp_path / "two"
     assert main([*common, "--out", str(one), "--rollout.groups_per_rank", "2"]) == 0
-    spawn_ranks(_rank, ([*common, "--out", str(two), "--rollout.groups_per_rank", "1"],),
-                tmp_path)
+    spawn_ranks(_rank, ([*common, "--out", str(two), "--rollout.groups_per_rank", "1",
+                         "--train.distributed", mode],), tmp_path)
     # the ranks' gradient sum rounds differently from one process's accumulation
     _assert_same(_final_weights(one), _final_weights(two), atol=5e-5)

@@ -179,7 +179,8 @@ class GRPOConfig:
     (Flow-GRPO-Fast) only at N consecutive steps placed at random per group, with ODE steps
     elsewhere, and trains all N (``timestep_fraction`` is then unused). ``same_noise``: every
     candidate of a group starts from one initial noise (DanceGRPO) instead of its own
-    (Flow-GRPO).
+    (Flow-GRPO). The train phase's execution settings in section ``nft`` (``context_kv``,
+    ``micro_batch``, ``compile``) apply to this update too.
     """
 
     clip_range: float = 1e-4
