@@ -308,3 +308,23 @@ def test_two_gloo_ranks_equal_one_process(tmp_path, mode):
                          "--train.distributed", mode],), tmp_path)
     # the ranks' gradient sum rounds differently from one process's accumulation
     _assert_same(_final_weights(one), _final_weights(two), atol=5e-5)
+
+
+@pytest.mark.parametrize("on_policy", [True, False])
+def test_on_policy_samples_with_the_updated_model(monkeypatch, on_policy):
+    """On policy, the sampling (old) model equals the current model after each iteration, so
+    the next update's ratio starts at 1; off policy it is the EMA of the ``ema`` section."""
+    trainer = _trainer(monkeypatch, grpo__on_policy=str(on_policy).lower(),
+                       optim__lr="1e-2")
+    before = {k: v.clone() for k, v in trainer.old.state_dict().items()}
+    stats = trainer.iteration(0)
+    current, old = trainer.model.state_dict(), trainer.old.state_dict()
+    moved = [k for k in current if not torch.equal(current[k], before[k])]
+    assert moved  # the update changed the current model
+    if on_policy:
+        assert stats.ema_decay == 0.0
+        for k in current:
+            torch.testing.assert_close(old[k], current[k], rtol=0, atol=0)
+    else:
+        assert stats.ema_decay == trainer.cfg.ema.start > 0
+        assert any(not torch.equal(old[k], current[k]) for k in moved)

@@ -181,6 +181,11 @@ class GRPOConfig:
     candidate of a group starts from one initial noise (DanceGRPO) instead of its own
     (Flow-GRPO). The train phase's execution settings in section ``nft`` (``context_kv``,
     ``micro_batch``, ``compile``) apply to this update too.
+
+    ``on_policy``: the model that samples is the current one after every update, as in
+    Flow-GRPO, so the PPO ratio of each update starts at 1 (an EMA sampler's log-probabilities
+    differ from the current model's by more than the 1e-4 clip range, and the clipped surrogate
+    then passes almost no gradient). ``False`` samples with the EMA old model of section ``ema``.
     """
 
     clip_range: float = 1e-4
@@ -189,6 +194,7 @@ class GRPOConfig:
     timestep_fraction: float = 1.0
     window: int = 0
     same_noise: bool = False
+    on_policy: bool = True
 
 
 @dataclass(slots=True)

@@ -299,7 +299,10 @@ class Trainer:
         return decay
 
     def ema_decay(self, step: int) -> float:
-        """The old model's EMA decay at iteration ``step``, over ``schedule_steps``."""
+        """The old model's EMA decay at iteration ``step``, over ``schedule_steps`` (0 for an
+        on-policy GRPO run: the old model becomes the current one)."""
+        if self.grpo and self.cfg.grpo.on_policy:
+            return 0.0
         em = self.cfg.ema
         return ema_decay(step, self.schedule_steps, start=em.start, end=em.end,
                          schedule=em.schedule)
