@@ -80,6 +80,11 @@ def test_slots_reject_unknown_attributes():
     ("grpo.timestep_fraction", "1.5", "grpo.timestep_fraction"),
     ("grpo.window", "-1", "grpo.window"),
     ("grpo.window", "40", "grpo.window"),  # 40 steps: the last is never stochastic
+    ("reward.decouple_every", "-1", "reward.decouple_every"),
+    ("reward.decouple_min_keys", "0", "reward.decouple_min_keys"),
+    ("reward.decouple_min_keys", "5", "reward.decouple_min_keys"),
+    ("rollout.noise_warp", "-0.1", "rollout.noise_warp"),
+    ("rollout.noise_warp", "1.5", "rollout.noise_warp"),
 ])
 def test_impossible_values_name_the_field(path, value, match):
     cfg = C.preset("paper")
@@ -127,6 +132,35 @@ def test_grpo_defaults_are_flow_grpos_and_the_cli_sets_them():
     assert (gr.window, gr.same_noise, gr.kl_beta) == (2, True, 0.04)
     with pytest.raises(SystemExit):
         parse_run_args("t", "t", ["--preset", "smoke", "--grpo.window", "4"])
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"decouple_every": "4", "decouple_length": "0"}, "reward.decouple_length"),
+    ({"decouple_every": "4", "decouple_length": "4"}, "reward.decouple_length"),
+    ({"decouple_every": "4", "decouple_min_keys": "3"}, "reward.decouple_min_keys"),
+])
+def test_decoupled_phase_needs_a_schedule_and_prompts_that_exist(overrides, match):
+    """A phase shorter than its period, and a key minimum that the rollout's key
+    combinations (here pairs only) reach."""
+    cfg = C.preset("paper")
+    C.apply_override(cfg, "rollout.composite_keys", "2")
+    for key, value in {**overrides, "decouple_every": "0"}.items():
+        C.apply_override(cfg, f"reward.{key}", value)
+    C.validate(cfg)  # checked only when the phase is on
+    C.apply_override(cfg, "reward.decouple_every", overrides["decouple_every"])
+    with pytest.raises(ValueError, match=match):
+        C.validate(cfg)
+
+
+def test_world_r1_options_are_off_by_default_and_the_cli_sets_them():
+    cfg = C.preset("paper")
+    assert (cfg.reward.decouple_every, cfg.rollout.noise_warp) == (0, 0.0)
+    run = parse_run_args("t", "t", ["--preset", "smoke", "--reward.decouple_every", "10",
+                                    "--reward.decouple_length", "2", "--rollout.noise_warp",
+                                    "0.5"])
+    rw = run.config.reward
+    assert (rw.decouple_every, rw.decouple_length, rw.decouple_min_keys) == (10, 2, 2)
+    assert run.config.rollout.noise_warp == 0.5
 
 
 def test_unknown_preset_and_fields():

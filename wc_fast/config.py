@@ -90,6 +90,13 @@ class RolloutConfig:
 
     ``composite_fraction`` of the training clips command a key combination, one of those
     pressing a number of keys in ``composite_keys``.
+
+    ``noise_warp``: strength ``a`` in [0, 1] of noise-warped initial noise (0 = off; World-R1's
+    camera conditioning after Go-with-the-Flow, docs/design.md section 4.2). Frames 2..F of
+    every sampled clip's initial noise are ``sqrt(1 - a^2) fresh + a warped``, where
+    ``warped`` is the previous frame's noise moved along the image flow of the commanded
+    camera motion (:mod:`wc_fast.noise_warp`); every element stays a standard normal and
+    frame 1 (with its motion latents) is left as drawn.
     """
 
     group_size: int = 16
@@ -103,6 +110,7 @@ class RolloutConfig:
     composite_fraction: float = 0.5
     composite_keys: tuple[int, ...] = (2, 3, 4)
     capture: Capture = "auto"
+    noise_warp: float = 0.0
 
 
 @dataclass(slots=True)
@@ -118,6 +126,14 @@ class RewardConfig:
     ``trajectory`` World-R1's continuous reward ``exp(-(a e_t + b e_R))`` of the per-frame pose
     errors against the commanded motion, ``(a, b) = trajectory_weights``
     (:func:`wc_fast.rewards.interaction.trajectory_score`).
+
+    Periodic decoupled training (World-R1, docs/design.md section 4.2): with
+    ``decouple_every = K > 0``, the last ``decouple_length = P`` iterations of every ``K``
+    (iteration ``k`` with ``k mod K >= K - P``) suspend the IF reward, take their advantages
+    from VQ alone (as ``kind = "vq"``) and roll out high-motion prompts: sequences whose every
+    clip presses at least ``decouple_min_keys`` keys (drawn as key combinations of the
+    ``rollout.composite_keys`` counts that reach it when it is 2 or more), so the update
+    keeps the quality of moving views instead of rewarding a still camera.
     """
 
     lam: float = 2.0 / 3.0
@@ -130,6 +146,9 @@ class RewardConfig:
     trans_thresholds: tuple[float, ...] = (0.01, 0.02, 0.03, 0.04, 0.05)
     vq_stride: int = 4
     vq_mode: VqMode = "stride"
+    decouple_every: int = 0
+    decouple_length: int = 1
+    decouple_min_keys: int = 2
 
 
 @dataclass(slots=True)
@@ -523,6 +542,23 @@ def _validate_grpo(cfg: Config) -> None:
     _choices("rollout.mode (with train.update flow_grpo)", ro.mode, ("clip",))
 
 
+def _validate_decouple(cfg: Config) -> None:
+    """The periodic decoupled phase of section ``reward``: its schedule and prompt filter."""
+    rw, keys = cfg.reward, cfg.rollout.composite_keys
+    _require(rw.decouple_every >= 0, "reward.decouple_every", "an integer >= 0 (0 = off)",
+             rw.decouple_every)
+    _require(1 <= rw.decouple_min_keys <= 4, "reward.decouple_min_keys",
+             "an integer in [1, 4]", rw.decouple_min_keys)
+    if rw.decouple_every == 0:
+        return
+    _require(1 <= rw.decouple_length < rw.decouple_every, "reward.decouple_length",
+             f"an integer in [1, reward.decouple_every - 1 = {rw.decouple_every - 1}]",
+             rw.decouple_length)
+    _require(rw.decouple_min_keys <= max(keys), "reward.decouple_min_keys",
+             f"at most the largest rollout.composite_keys ({max(keys)}), so that high-motion "
+             "prompts exist", rw.decouple_min_keys)
+
+
 def validate(cfg: Config) -> None:
     """Raise ``ValueError`` naming the field for any impossible value."""
     _choices("preset", cfg.preset, PRESETS)
@@ -550,6 +586,8 @@ def validate(cfg: Config) -> None:
     _require(0.0 <= ro.sde_noise <= 1.0, "rollout.sde_noise", "in [0, 1]", ro.sde_noise)
     _require(0.0 <= ro.composite_fraction <= 1.0, "rollout.composite_fraction", "in [0, 1]",
              ro.composite_fraction)
+    _require(0.0 <= ro.noise_warp <= 1.0, "rollout.noise_warp", "in [0, 1] (0 = off)",
+             ro.noise_warp)
     _require(len(ro.composite_keys) >= 1 and set(ro.composite_keys) <= {2, 3, 4}
              and all(isinstance(k, int) for k in ro.composite_keys), "rollout.composite_keys",
              "a non-empty subset of (2, 3, 4)", ro.composite_keys)
@@ -564,6 +602,7 @@ def validate(cfg: Config) -> None:
     _require(len(rw.trans_thresholds) >= 1 and all(t >= 0 for t in rw.trans_thresholds),
              "reward.trans_thresholds", "a non-empty tuple of numbers >= 0",
              rw.trans_thresholds)
+    _validate_decouple(cfg)
     _require(nf.beta > 0, "nft.beta", "> 0", nf.beta)
     _require(nf.keep >= 1 and 2 * nf.keep <= ro.group_size, "nft.keep",
              f"an integer >= 1 with 2*keep <= rollout.group_size={ro.group_size}", nf.keep)

@@ -24,6 +24,7 @@ TAGS: dict[str, tuple[str, float]] = {
     "r_std": ("reward/r_std", 1.0),
     "motion_spread_basic": ("reward/motion_spread_basic", 1.0),
     "motion_spread_composite": ("reward/motion_spread_composite", 1.0),
+    "decoupled": ("reward/decoupled", 1.0),
     "rollout_s": ("time_metrics/rollout_s", 1.0),
     "reward_s": ("time_metrics/reward_s", 1.0),
     "train_s": ("time_metrics/train_s", 1.0),

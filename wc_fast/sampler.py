@@ -8,7 +8,9 @@ DanceGRPO / Flow-GRPO exploration that WorldCompass ablates against). The last s
 ``s = 0`` is always the deterministic ``x - s v``, i.e. the x0 prediction.
 :meth:`ClipSampler.sample_sde` is Flow-GRPO's sampling for its update: per-candidate (or, as in
 DanceGRPO, shared) initial noise, SDE steps at every step but the last or in a window of them,
-and every stochastic step recorded with its log-probability.
+and every stochastic step recorded with its log-probability. With ``noise_warp > 0`` every
+drawn initial noise is noise-warped along the commanded camera motion
+(:func:`wc_fast.noise_warp.warp_noise`) before sampling starts.
 
 Execution: ``eager`` (the reference), ``compile`` (``torch.compile`` of one step;
 ``reduce-overhead`` on CUDA) or ``cuda_graph`` (the whole step loop captured once per shape
@@ -26,6 +28,7 @@ from torch import Tensor
 from wc_fast.config import Capture, Exploration
 from wc_fast.models.motion_latent import noise_latents
 from wc_fast.models.protocol import ContextCache, WorldModel
+from wc_fast.noise_warp import warp_noise
 from wc_kernels import sde_log_prob
 
 CAPTURE_MODES = typing.get_args(Capture)
@@ -91,8 +94,8 @@ class ClipSampler:
     """Samples ``G`` candidates of the next clip for one shared :class:`ContextCache`."""
 
     def __init__(self, model: WorldModel, *, steps: int = 40, shift: float = 5.0,
-                 capture: str = "auto", exploration: str = "noise", sde_noise: float = 0.7
-                 ) -> None:
+                 capture: str = "auto", exploration: str = "noise", sde_noise: float = 0.7,
+                 noise_warp: float = 0.0) -> None:
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
         if exploration not in EXPLORATION_MODES:
@@ -100,11 +103,14 @@ class ClipSampler:
                              f"{exploration!r}")
         if not 0.0 <= sde_noise <= 1.0:
             raise ValueError(f"sde_noise must lie in [0, 1], got {sde_noise!r}")
+        if not 0.0 <= noise_warp <= 1.0:
+            raise ValueError(f"noise_warp must lie in [0, 1], got {noise_warp!r}")
         self.model = model
         self.sigmas = sigma_schedule(steps, shift).tolist()
         self.capture = capture
         self.exploration = exploration
         self.sde_noise = sde_noise
+        self.noise_warp = noise_warp
         self._compiled_step = None
         self._graphs: dict[tuple, _CapturedLoop] = {}
 
@@ -117,13 +123,15 @@ class ClipSampler:
 
         Initial ``noise`` ``[num, F, C, H, W]`` (and, for ``sde``, ``step_noise``
         ``[T-1, num, F, C, H, W]``) are drawn from ``generator`` unless given, and returned so
-        the rollout can be replayed.
+        the rollout can be replayed; drawn noise is warped by the actions (``noise_warp``),
+        given noise is used as it is.
         """
         device = self._device()
         shape = self._clip_shape(num)
         if noise is None:
             noise = torch.randn(shape if self.exploration == "noise" else (1, *shape[1:]),
                                 generator=generator, device=device).expand(shape).contiguous()
+            noise = self._warped(noise, actions)
         elif tuple(noise.shape) != shape:
             raise ValueError(f"noise must have shape {shape}, got {tuple(noise.shape)}")
         if self.exploration == "sde" and step_noise is None:
@@ -140,15 +148,17 @@ class ClipSampler:
         recorded in the result's ``trajectory``; ``actions`` ``[F]`` or ``[num, F]``.
 
         Each candidate starts from its own initial noise, or all from one (``same_noise``,
-        DanceGRPO). Noise of level ``sde_noise`` enters at every step but the last
-        (``window = 0``) or at ``window`` consecutive steps placed at random (Flow-GRPO-Fast),
-        with deterministic Euler steps elsewhere. Runs eagerly: the trajectory needs each
-        step's velocity. Every draw comes from ``generator``.
+        DanceGRPO), warped by the actions with ``noise_warp``. Noise of level ``sde_noise``
+        enters at every step but the last (``window = 0``) or at ``window`` consecutive steps
+        placed at random (Flow-GRPO-Fast), with deterministic Euler steps elsewhere. Runs
+        eagerly: the trajectory needs each step's velocity. Every draw comes from
+        ``generator``.
         """
         device = self._device()
         shape = self._clip_shape(num)
         noise = torch.randn(shape if not same_noise else (1, *shape[1:]), generator=generator,
                             device=device).expand(shape).contiguous()
+        noise = self._warped(noise, actions)
         stochastic = self._sde_steps(window, generator, device)
         with torch.no_grad():
             clips, trajectory = self._record(noise, cache, actions.to(device), stochastic,
@@ -162,6 +172,13 @@ class ClipSampler:
 
     def _clip_shape(self, num: int) -> tuple[int, ...]:
         return (num, *self.model.clip_shape)
+
+    def _warped(self, noise: Tensor, actions: Tensor) -> Tensor:
+        """Drawn initial noise ``[G, F, C, H, W]``, noise-warped by the per-frame ``actions``
+        ``[F]`` or ``[G, F]`` when ``noise_warp > 0`` (else returned as it is)."""
+        if self.noise_warp == 0.0:
+            return noise
+        return warp_noise(noise, actions.to(noise.device), self.noise_warp)
 
     def _mode(self, device: torch.device) -> str:
         if self.capture == "auto":

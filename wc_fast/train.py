@@ -82,7 +82,7 @@ def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
     row = {"step": stats.step, "clip": stats.clip_index, "if_mean": stats.if_mean,
            "vq_mean": stats.vq_mean, "r_std": stats.r_std, "loss": stats.loss,
            "skipped_groups": stats.skipped_groups, "skipped_updates": stats.skipped_updates,
-           "ema_decay": stats.ema_decay,
+           "ema_decay": stats.ema_decay, "decoupled": int(stats.decoupled),
            **{f"{k}_s": v for k, v in stats.times.items()}, "clips_per_s": stats.clips_per_s,
            "train_tflops": stats.train_flops / max(train_s, 1e-9) / 1e12,
            "mfu": stats.train_flops / max(train_s, 1e-9) / peak,

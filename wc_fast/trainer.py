@@ -13,6 +13,10 @@ With ``train.update flow_grpo`` the candidates are sampled with Flow-GRPO's SDE 
 stochastic steps recorded; every candidate of a group is trained at some of its recorded steps
 with the PPO-clipped ``grpo_sde_loss`` on its group advantage, over the same shared history and
 micro-batches (docs/design.md section 4.1).
+
+World-R1's options (docs/design.md section 4.2): periodic decoupled iterations
+(``reward.decouple_every``) train on VQ alone over high-motion prompts, and
+``rollout.noise_warp`` samples from noise warped along the commanded camera motion.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-from wc_fast.actions import is_composite, split_action
-from wc_fast.config import Config
+from wc_fast.actions import is_composite, num_primitives, split_action
+from wc_fast.config import Config, RewardConfig
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
 from wc_fast.ema import ema_decay, ema_update
 from wc_fast.models import ContextCache, TinyWorldDiT
@@ -60,6 +64,9 @@ from wc_fast.world import sample_sequences
 from wc_kernels import flow_noise, grpo_sde_loss, nft_loss
 
 CPU_MICRO_BATCH = 32
+# redraws of a decoupled iteration's prompt before giving up (with the validated filter a
+# draw is rejected only for a rare forced no-op, wc_fast.world.trajectory)
+HIGH_MOTION_DRAWS = 100
 
 
 @dataclass(slots=True)
@@ -79,17 +86,61 @@ class IterationStats:
     clips_per_s: float = 0.0
     train_flops: float = 0.0
     motion_spread: dict[str, float] = field(default_factory=dict)
+    decoupled: bool = False
+
+
+def decoupled(rw: RewardConfig, step: int) -> bool:
+    """Whether iteration ``step`` (0-based) lies in a decoupled phase: the last
+    ``decouple_length`` of every ``decouple_every`` iterations (never when that is 0)."""
+    k, p = rw.decouple_every, rw.decouple_length
+    return k > 0 and step % k >= k - p
+
+
+def _sequence(cfg: Config, seed: int, composite_fraction: float,
+              composite_keys: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """World prompt frame ``[1, 1, C, H, W]`` and action ids ``[N*F]`` of one sequence of the
+    embedded world, drawn from ``seed``."""
+    data = sample_sequences(1, num_clips=cfg.rollout.num_clips, seed=seed,
+                            composite_fraction=composite_fraction, composite_keys=composite_keys,
+                            clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
+    return data.frames[:, :1], data.actions[0]
 
 
 def group_prompt(cfg: Config, step: int, group: int, device: torch.device
                  ) -> tuple[Tensor, Tensor]:
     """World prompt frame ``[1, 1, C, H, W]`` and action ids ``[N*F]`` of a global group."""
-    data = sample_sequences(1, num_clips=cfg.rollout.num_clips,
-                            seed=stream_seed(cfg.train.seed, step, group, "prompt") % 2**31,
-                            composite_fraction=cfg.rollout.composite_fraction,
-                            composite_keys=cfg.rollout.composite_keys,
-                            clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
-    return data.frames[:, :1].to(device), data.actions[0].to(device)
+    ro = cfg.rollout
+    frame, actions = _sequence(cfg, stream_seed(cfg.train.seed, step, group, "prompt") % 2**31,
+                               ro.composite_fraction, ro.composite_keys)
+    return frame.to(device), actions.to(device)
+
+
+def is_high_motion(actions: Tensor, min_keys: int) -> bool:
+    """Whether every frame of action ids ``[...]`` presses at least ``min_keys`` keys."""
+    return bool((num_primitives(actions) >= min_keys).all())
+
+
+def high_motion_prompt(cfg: Config, step: int, group: int, device: torch.device
+                       ) -> tuple[Tensor, Tensor]:
+    """A decoupled iteration's world prompt ``[1, 1, C, H, W]`` and action ids ``[N*F]``:
+    every clip presses at least ``reward.decouple_min_keys`` keys.
+
+    Drawn as the rollout's sequences are, but only key combinations of the
+    ``rollout.composite_keys`` counts that reach the minimum (all of them for a minimum of 1,
+    at the rollout's ``composite_fraction``); a sequence with a clip below it (a segment that
+    fell back to a no-op) is redrawn from the next seed of the group's own stream, so the
+    prompt depends only on ``(seed, step, group)``.
+    """
+    ro, need = cfg.rollout, cfg.reward.decouple_min_keys
+    keys = tuple(k for k in ro.composite_keys if k >= need)
+    fraction = 1.0 if need >= 2 else ro.composite_fraction
+    for attempt in range(HIGH_MOTION_DRAWS):
+        seed = stream_seed(cfg.train.seed, step, group, "high_motion_prompt", attempt)
+        frame, actions = _sequence(cfg, seed % 2**31, fraction, keys)
+        if is_high_motion(actions, need):
+            return frame.to(device), actions.to(device)
+    raise RuntimeError(f"no sequence with {need} or more keys in every clip in "
+                       f"{HIGH_MOTION_DRAWS} draws (iteration {step}, group {group})")
 
 
 @dataclass(slots=True)
@@ -165,7 +216,8 @@ class Trainer:
         ro = cfg.rollout
         capture = "eager" if self.sharded else ro.capture
         self.sampler = ClipSampler(self.old, steps=ro.steps, shift=ro.shift, capture=capture,
-                                   exploration=ro.exploration, sde_noise=ro.sde_noise)
+                                   exploration=ro.exploration, sde_noise=ro.sde_noise,
+                                   noise_warp=ro.noise_warp)
         self.sigmas = sigma_schedule(ro.steps, ro.shift)[:-1]
         self._velocity = {"model": self.model.velocity, "old": self.old.velocity}
         if self.ref is not None:
@@ -192,12 +244,15 @@ class Trainer:
     # -- phases ---------------------------------------------------------------------------------
 
     def rollout(self, step: int, clip_index: int) -> list[GroupRollout]:
+        """Each of this rank's groups rolled out for clip ``clip_index``, from high-motion
+        prompts in a decoupled iteration."""
         run = rollout_sample_level if self.cfg.rollout.mode == "sample" else rollout_clip_level
         if self.grpo:  # validation keeps GRPO to clip-level rollouts
             run = functools.partial(rollout_clip_level, grpo=self.cfg.grpo)
+        prompt_of = high_motion_prompt if decoupled(self.cfg.reward, step) else group_prompt
         groups = []
         for g in self.group_ids():
-            prompt, actions = group_prompt(self.cfg, step, g, self.device)
+            prompt, actions = prompt_of(self.cfg, step, g, self.device)
             gen = generator(self.cfg.train.seed, step, g, "rollout", device=self.device)
             groups.append(run(self.old, self.sampler, prompt, actions, clip_index,
                               self.cfg.rollout.group_size, gen))
@@ -245,9 +300,12 @@ class Trainer:
                 by_kind.setdefault(kind, []).append(value)
         return s_if, s_vq, {k: sum(v) / len(v) for k, v in by_kind.items()}
 
-    def advantages(self, s_if: Tensor, s_vq: Tensor) -> tuple[Tensor, Tensor]:
+    def advantages(self, s_if: Tensor, s_vq: Tensor, *, vq_only: bool = False
+                   ) -> tuple[Tensor, Tensor]:
+        """Optimality ``r`` and combined advantage ``A`` ``[B, G]`` of the scores ``[B, G]``
+        under ``reward.kind``, or of VQ alone with ``vq_only`` (a decoupled iteration)."""
         rw = self.cfg.reward
-        lam = {"both": rw.lam, "if": 1.0, "vq": 0.0}[rw.kind]
+        lam = 0.0 if vq_only else {"both": rw.lam, "if": 1.0, "vq": 0.0}[rw.kind]
         group = self.process_group if self.world_size > 1 else None
         return optimality(s_if, s_vq, lam=lam, Z=rw.Z, std=rw.std, process_group=group)
 
@@ -515,13 +573,14 @@ class Trainer:
 
     def iteration(self, step: int) -> IterationStats:
         clip_index = step % self.cfg.rollout.num_clips + 1
+        vq_only = decoupled(self.cfg.reward, step)
         times = {}
         t0 = time.perf_counter()
         groups = self.rollout(step, clip_index)
         times["rollout"] = self._sync_time(t0)
         t0 = time.perf_counter()
         s_if, s_vq, spread = self.rewards(groups)
-        r, adv = self.advantages(s_if, s_vq)
+        r, adv = self.advantages(s_if, s_vq, vq_only=vq_only)
         times["reward"] = self._sync_time(t0)
         t0 = time.perf_counter()
         loss, skipped, flops, bad = self.update(step, groups, r, adv)
@@ -535,7 +594,7 @@ class Trainer:
                               skipped_groups=skipped, ema_decay=decay,
                               skipped_updates=bad, times=times,
                               clips_per_s=generated / max(times["rollout"], 1e-9),
-                              train_flops=flops, motion_spread=spread)
+                              train_flops=flops, motion_spread=spread, decoupled=vq_only)
 
     def _global_mean(self, t: Tensor) -> float:
         return self._global_sum(float(t.float().sum())) / self._global_sum(float(t.numel()))
