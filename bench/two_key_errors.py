@@ -2,13 +2,18 @@
 command, on clip 1 of the held-out prompts of ``bench/learning_curve.py``.
 
     python bench/two_key_errors.py [--weights W.safetensors] [--n 32] [--candidates 8]
+                                   [--latent-scale S] [--key-scale T,R]
 
 Kinds: TR (one translation and one rotation key), RR (two rotations), TT (two translations).
 Per kind: full-action accuracy, its best candidate's (what selection could reach in one
 round), how often each label is right, and the estimated per-frame translation norm
 ``t_norm`` and rotation (degrees), with the same numbers for the ground-truth renders, all
 read by the evaluation estimator. ``--weights``: a state dict of the cpu preset's model
-(default: the shipped base). Results: bench/RESULTS.md.
+(default: the shipped base). Two probes of what the model can be made to do on clip 1
+(whose only history frame is the prompt, which neither touches): ``--latent-scale S`` reads
+every candidate's motion latents at S times their value (the motion embedding's weight scaled:
+wider speeds, turn rates and onsets than pretraining drew); ``--key-scale T,R`` scales the
+embeddings of the translation and the rotation keys. Results: bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -46,16 +51,30 @@ def frame_stats(c2w: torch.Tensor, actions: torch.Tensor, cfg) -> dict[str, torc
             "rotation_deg": torch.hypot(pitch, yaw).mean(-1)}
 
 
+@torch.no_grad()
+def scale_conditioning(model, latent: float, translation: float, rotation: float) -> None:
+    """Scale the motion embedding's weight and the key embedding's translation (columns 0-3)
+    and rotation (4-7) columns in place; the prompt frame's column 8 is left as it is."""
+    model.motion_embed.weight.mul_(latent)
+    model.key_embed.weight[:, :4].mul_(translation)
+    model.key_embed.weight[:, 4:8].mul_(rotation)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--weights", default="", help="model state dict (.safetensors)")
     p.add_argument("--n", type=int, default=32, help="held-out two-key prompts")
     p.add_argument("--candidates", type=int, default=8)
+    p.add_argument("--latent-scale", type=float, default=1.0,
+                   help="scale of the motion latents the model reads")
+    p.add_argument("--key-scale", default="1,1",
+                   help="scales of the translation and rotation key embeddings")
     args = p.parse_args(argv)
     cfg = preset("cpu")
     model = load_world_model(BASE_WEIGHTS).eval()
     if args.weights:
         model.load_state_dict(load_file(args.weights))
+    scale_conditioning(model, args.latent_scale, *map(float, args.key_scale.split(",")))
     sampler = ClipSampler(model, steps=cfg.rollout.steps, shift=cfg.rollout.shift,
                           capture="eager")
     estimator = load_estimator("eval")
