@@ -55,11 +55,13 @@ def check_finite(name: str, t: Tensor) -> None:
 
 
 def check_range(name: str, t: Tensor, lo: float, hi: float) -> None:
-    """All elements of ``t`` are finite and within ``[lo, hi]``."""
+    """All elements of ``t`` are finite and within ``[lo, hi]``: one reduction (NaN fails the
+    comparisons too), and a second only to word the error."""
+    if not values_checkable() or bool(((t >= lo) & (t <= hi)).all()):
+        return
     check_finite(name, t)
-    if values_checkable() and t.numel() and not bool(((t >= lo) & (t <= hi)).all()):
-        raise ValueError(f"{name} must lie in [{lo}, {hi}], got values in "
-                         f"[{t.min().item():.4g}, {t.max().item():.4g}]")
+    raise ValueError(f"{name} must lie in [{lo}, {hi}], got values in "
+                     f"[{t.min().item():.4g}, {t.max().item():.4g}]")
 
 
 def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
