@@ -1,19 +1,25 @@
 """The WorldCompass study on the embedded world: Table 1 and Table 2 analogs.
 
-    python bench/replicate.py [--seeds 3] [--rows full,sample,if_only,vq_only,sde,own_latents]
+    python bench/replicate.py [--seeds 3] [--rows full,sample,if_only,vq_only,sde,...]
                               [--out runs/replicate] [--doc docs/replication.md]
 
 Each (row, seed) is one ``python -m wc_fast.train`` run of the ``cpu`` preset with that row's
 change (one at a time, in a subprocess, as a user would run it), then an evaluation of its
 final model on the held-out sets (``--sequences`` x ``--clips``, evaluation estimator), the mean
-camera-motion magnitude of the generated clips, and the motion spread of its candidates
-(``bench/motion_spread.py``). The base model is evaluated the same way. A finished run's
+camera-motion magnitude of the generated clips, the motion spread of its candidates
+(``bench/motion_spread.py``) and its median wall time per iteration (from its
+``metrics.jsonl``). The base model is evaluated the same way. A finished run's
 numbers are kept in ``OUT/ROW_sSEED/study.json``, so an interrupted study resumes where it
 stopped. Finally ``--doc`` is rewritten with both tables and, row by row, whether the paper's
 ordering holds.
 
 Rows (WorldCompass Table 2): ``full`` (clip-level rollouts, IF + VQ), ``sample`` (sample-level
 rollouts), ``if_only``, ``vq_only``, ``sde`` (same-noise SDE exploration, DanceGRPO-style).
+The GRPO family and World-R1's recipe on the same model: ``flow_grpo`` (Flow-GRPO,
+per-candidate noise), ``flow_grpo_same`` (one initial noise per group, DanceGRPO),
+``flow_grpo_fast`` (SDE in a window of 2 steps), ``trajectory`` (NFT with World-R1's continuous
+trajectory reward), ``decoupled`` (NFT with 2 VQ-only iterations on high-motion prompts in every
+10), ``noise_warp`` (NFT from noise warped along the commanded camera, strength 0.5).
 """
 
 from __future__ import annotations
@@ -41,11 +47,23 @@ from wc_fast.rewards.exploration import camera_motion  # noqa: E402
 
 ROWS = {"full": [], "sample": ["--rollout.mode", "sample"], "if_only": ["--reward.kind", "if"],
         "vq_only": ["--reward.kind", "vq"], "sde": ["--rollout.exploration", "sde"],
-        "own_latents": ["--nft.latent_pairing", "own"]}
+        "own_latents": ["--nft.latent_pairing", "own"],
+        "flow_grpo": ["--train.update", "flow_grpo"],
+        "flow_grpo_same": ["--train.update", "flow_grpo", "--grpo.same_noise", "true"],
+        "flow_grpo_fast": ["--train.update", "flow_grpo", "--grpo.window", "2"],
+        "trajectory": ["--reward.if_kind", "trajectory"],
+        "decoupled": ["--reward.decouple_every", "10", "--reward.decouple_length", "2"],
+        "noise_warp": ["--rollout.noise_warp", "0.5"]}
 TITLES = {"base": "base model", "full": "full (clip-level, IF + VQ)",
           "sample": "sample-level rollouts", "if_only": "IF reward only",
           "vq_only": "VQ reward only", "sde": "same-noise SDE exploration",
-          "own_latents": "full, each candidate's own latents in the update"}
+          "own_latents": "full, each candidate's own latents in the update",
+          "flow_grpo": "Flow-GRPO (per-candidate noise)",
+          "flow_grpo_same": "Flow-GRPO, one noise per group (DanceGRPO)",
+          "flow_grpo_fast": "Flow-GRPO-Fast (SDE window of 2 steps)",
+          "trajectory": "full, World-R1 trajectory reward",
+          "decoupled": "full, periodic VQ-only phases",
+          "noise_warp": "full, noise warped along the camera"}
 
 
 def score(model_path: str | None, sequences: int, clips: int) -> dict:
@@ -81,6 +99,12 @@ def run(row: str, seed: int, out: Path, steps: int | None) -> Path:
             subprocess.run(args + resume, check=True, stdout=log, stderr=subprocess.STDOUT)
         print(f"{row} seed {seed}: trained in {(time.perf_counter() - start) / 60:.1f} min")
     return checkpoint.latest(folder)
+
+
+def iteration_seconds(folder: Path) -> float:
+    """Median wall time of one iteration (rollout + reward + train) of a run's metrics."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return statistics.median(r["rollout_s"] + r["reward_s"] + r["train_s"] for r in rows)
 
 
 def cached(path: Path, compute) -> dict:
@@ -128,8 +152,9 @@ def write_doc(doc: Path, results: dict, command: str, settings: dict) -> None:
         lines.append(f"| {kind} | {base['eval'][kind]['vq']:.3f} | {cells} |")
     lines += ["", "## Table 2 analog: ablations", "",
               "| row | seeds | two-key acc | composite acc | basic acc | VQ (basic) | motion "
-              "(steps/frame) | motion spread (basic / two-key) |",
-              "|---|---|---|---|---|---|---|---|"]
+              "(steps/frame) | motion spread (basic / two-key) | s / iteration (x full) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    nft_seconds = [r["seconds"] for r in results.get("full", []) if "seconds" in r]
     for row, runs in results.items():
         def col(f, runs=runs):
             return _mean_sd([f(r) for r in runs])
@@ -140,10 +165,20 @@ def write_doc(doc: Path, results: dict, command: str, settings: dict) -> None:
             f"| {col(lambda r: r['eval']['basic']['accuracy'])} "
             f"| {col(lambda r: r['eval']['basic']['vq'])} | {col(lambda r: r['motion'])} "
             f"| {col(lambda r: r['spread']['basic'])} / "
-            f"{col(lambda r: r['spread']['composite_2key'])} |")
+            f"{col(lambda r: r['spread']['composite_2key'])} | {_speed(runs, nft_seconds)} |")
     lines += ["", "## Does the paper's ordering hold?", ""]
     lines += orderings(results)
     doc.write_text("\n".join(lines) + "\n")
+
+
+def _speed(runs: list[dict], nft_seconds: list[float]) -> str:
+    """Mean seconds per iteration of a row's runs, and its ratio to the ``full`` (NFT) row's."""
+    seconds = [r["seconds"] for r in runs if "seconds" in r]
+    if not seconds:
+        return "-"
+    mean = statistics.mean(seconds)
+    ratio = f" ({mean / statistics.mean(nft_seconds):.2f}x)" if nft_seconds else ""
+    return f"{mean:.2f}{ratio}"
 
 
 def orderings(results: dict) -> list[str]:
@@ -170,6 +205,9 @@ def orderings(results: dict) -> list[str]:
         gain = mean("sde", two_key) - mean("base", two_key)
         ok = gain < mean("full", two_key) - mean("base", two_key)
         checks.append(("same-noise SDE exploration gains less two-key accuracy than full", ok))
+    if "flow_grpo_same" in results and "full" in results:
+        ok = mean("full", two_key) > mean("flow_grpo_same", two_key)
+        checks.append(("NFT ends with higher two-key accuracy than DanceGRPO-style GRPO", ok))
     return [f"- {text}: **{'yes' if ok else 'no'}**" for text, ok in checks] or [
         "- (no ablation rows run)"]
 
@@ -198,9 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         results[row] = []
         for seed in range(seeds):
             ckpt = run(row, seed, out, args.steps)
-            results[row].append(cached(out / f"{row}_s{seed}" / f"study_{tag}.json",
-                                       lambda ckpt=ckpt: score(str(ckpt), args.sequences,
-                                                               args.clips)))
+            result = cached(out / f"{row}_s{seed}" / f"study_{tag}.json",
+                            lambda ckpt=ckpt: score(str(ckpt), args.sequences, args.clips))
+            result["seconds"] = iteration_seconds(out / f"{row}_s{seed}")
+            results[row].append(result)
     command = "python bench/replicate.py " + " ".join(argv if argv is not None else sys.argv[1:])
     write_doc(Path(args.doc), results, command.strip(),
               {"sequences": args.sequences, "clips": args.clips})

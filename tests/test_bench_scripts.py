@@ -97,6 +97,27 @@ def test_replicate_writes_both_tables_and_checks_the_orderings(tmp_path):
     assert "gains less two-key accuracy than full: **no**" in doc.read_text()
 
 
+def test_replicate_reports_iteration_time_and_the_grpo_ordering(tmp_path):
+    replicate = _load("replicate")
+    run = tmp_path / "flow_grpo_same_s0"
+    run.mkdir()
+    rows = [{"rollout_s": 1.0, "reward_s": 0.5, "train_s": t} for t in (1.5, 9.0, 2.5)]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert replicate.iteration_seconds(run) == 4.0  # the median iteration, not the slow one
+    full = [dict(_study_result(0.50, 1.5, 0.8), seconds=2.0)]
+    grpo = [dict(_study_result(0.45, 1.5, 0.8), seconds=replicate.iteration_seconds(run))]
+    results = {"base": [_study_result(0.40, 1.0, 0.8)], "full": full, "flow_grpo_same": grpo}
+    doc = tmp_path / "replication.md"
+    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    text = doc.read_text()
+    assert "| Flow-GRPO, one noise per group (DanceGRPO) | 1 | 0.450 |" in text
+    assert "| 4.00 (2.00x) |" in text and "| 2.00 (1.00x) |" in text
+    assert "higher two-key accuracy than DanceGRPO-style GRPO: **yes**" in text
+    grpo[0]["eval"]["composite_2key"]["accuracy"] = 0.55
+    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    assert "higher two-key accuracy than DanceGRPO-style GRPO: **no**" in doc.read_text()
+
+
 def test_motion_spread_measures_each_kind(tmp_path):
     result = _load("motion_spread").measure(None, groups=1, group_size=2)
     for kind in ("basic", "composite_2key"):
