@@ -26,7 +26,9 @@ def test_the_folder_refuses_the_name_kernels_even_after_wc_kernels():
     folder, which raises ImportError naming wc_kernels, also once wc_kernels has registered its
     ops; wc_kernels keeps working."""
     code = ("import torch, wc_kernels\n"
-            "from wc_kernels import _ops\n"
+            "import importlib\n"
+            "for op in ('nft_loss', 'flow_noise', 'grpo_sde_loss', 'prefix_attention'):\n"
+            "    importlib.import_module(f'wc_kernels.{op}.ops')\n"
             "try:\n"
             "    import kernels\n"
             "except ImportError as exc:\n"
