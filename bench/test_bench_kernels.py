@@ -75,17 +75,23 @@ def _bench(benchmark, fn, bytes_moved: int, copy_bw: float) -> None:
     )
 
 
-def _ops():
-    from wc_kernels import _ops
+def _nft_loss_op():
+    from wc_kernels.nft_loss.ops import NFT_LOSS, OPS
 
-    return _ops
+    return OPS[NFT_LOSS]
+
+
+def _flow_noise_op():
+    from wc_kernels.flow_noise.ops import FLOW_NOISE, OPS
+
+    return OPS[FLOW_NOISE]
 
 
 def _nft_contender(contender: str, inputs: tuple, space: str):
     """A no-argument callable returning (per-sample loss [B], dL_i/dv_theta [B, D])."""
     vt, vo, vs, r, sigma = inputs
     if contender == "triton":
-        op = _ops().OPS[_ops().NFT_LOSS]
+        op = _nft_loss_op()
         return lambda: op(vt, vo, vs, r, sigma, 1.0, space == "x0")
     loss_fn = reference.nft_loss
     if contender == "compile":
@@ -137,7 +143,7 @@ def test_flow_noise(benchmark, dtype, contender, copy_bandwidth):
     noise = torch.randn(s * k, d, device="cuda", generator=gen).to(DTYPES[dtype])
     impl = {"eager": reference.flow_noise,
             "compile": torch.compile(reference.flow_noise, dynamic=False),
-            "triton": _ops().OPS[_ops().FLOW_NOISE]}[contender]
+            "triton": _flow_noise_op()}[contender]
     got = impl(x0, sigmas, noise)  # warm-up (compiles) and a check against eager
     for out, want in zip(got, reference.flow_noise(x0, sigmas, noise), strict=True):
         torch.testing.assert_close(out, want)

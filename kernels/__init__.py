@@ -14,6 +14,14 @@ Each op has a plain-PyTorch reference in :mod:`wc_kernels.reference` (the spec) 
 chosen with ``backend=`` (see :mod:`wc_kernels._backend`). This package imports nothing from
 ``wc_fast``.
 
+Each op is a subpackage named after it, ``kernels/<op>/``: the public function (its
+``__init__``), its reference (``naive``), its Triton kernels (``triton``), its native binding
+(``native``), its ``torch.library`` registration (``ops``) and, for ``prefix_attention``, the
+attention library backends (``split``, ``flex``, ``flash_attn``, ``xformers``). Here the op's
+name is bound to its function, which hides the subpackage attribute: ``wc_kernels.nft_loss``
+is the function, so import a subpackage's modules with ``from wc_kernels.nft_loss import
+naive`` (``import wc_kernels.nft_loss.naive as naive`` fails).
+
 Needs torch >= 2.11 (the floor in ``pyproject.toml``: the oldest torch tested, the GPU
 image's); an older torch fails here, at import, with both versions named.
 """

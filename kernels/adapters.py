@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from wc_kernels import _checks
+from wc_kernels._dtypes import compute_dtype
 from wc_kernels.nft_loss import nft_loss
-from wc_kernels.reference import compute_dtype
 
 __all__ = ["advantages_to_optimality", "diffusion_nft_loss", "worldcompass_nft_loss"]
 

@@ -26,7 +26,9 @@ def test_the_folder_refuses_the_name_kernels_even_after_wc_kernels():
     folder, which raises ImportError naming wc_kernels, also once wc_kernels has registered its
     ops; wc_kernels keeps working."""
     code = ("import torch, wc_kernels\n"
-            "from wc_kernels import _ops\n"
+            "import importlib\n"
+            "for op in ('nft_loss', 'flow_noise', 'grpo_sde_loss', 'prefix_attention'):\n"
+            "    importlib.import_module(f'wc_kernels.{op}.ops')\n"
             "try:\n"
             "    import kernels\n"
             "except ImportError as exc:\n"
@@ -58,3 +60,23 @@ def test_outside_the_root_kernels_is_not_this_folder(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     origin = proc.stdout.strip().splitlines()[-1]
     assert origin == "None" or ROOT not in Path(origin).resolve().parents, origin
+
+
+def test_an_op_name_is_its_function_and_its_package_holds_its_pieces():
+    """``wc_kernels.<op>`` is the public function; the subpackage of the same name stays
+    importable by its full name and ``from wc_kernels.<op> import <module>``, and the one
+    namespace of references re-exports each op's ``naive`` module."""
+    import importlib
+
+    import wc_kernels
+    from wc_kernels import reference
+
+    for op in ("nft_loss", "flow_noise", "prefix_attention", "grpo_sde_loss"):
+        function = getattr(wc_kernels, op)
+        assert callable(function) and function.__module__ == f"wc_kernels.{op}", op
+        package = importlib.import_module(f"wc_kernels.{op}")
+        assert package.__file__.endswith("__init__.py") and getattr(package, op) is function
+        pieces = {}
+        exec(f"from wc_kernels.{op} import naive, ops, triton", pieces)
+        assert getattr(pieces["naive"], op) is getattr(reference, op), op
+        assert pieces["ops"].OPS and pieces["triton"].aot_configs(), op

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wc_kernels import _checks, reference
+from wc_kernels import _checks
 from wc_kernels._backend import resolve
+from wc_kernels.flow_noise import naive
 
 IMPLEMENTED = ("reference", "triton", "native")
-
 
 
 def _check_inputs(x0, sigmas, noise, values) -> None:
@@ -50,9 +50,10 @@ def flow_noise(
     ``noise``.
 
     ``backend="triton"`` / ``"native"`` run the fused op ``wc_fast::flow_noise`` (see
-    :mod:`wc_kernels._ops`), which reads each clean row once for all its K outputs; ``sigmas``
-    are used in fp32 and non-contiguous inputs are copied first. ``check_values=False`` skips
-    the host-side range check of ``sigmas`` (a device sync on CUDA).
+    :mod:`wc_kernels.flow_noise.ops`), which reads each clean row once for all its K outputs;
+    ``sigmas`` are used in fp32 and non-contiguous inputs are copied first.
+    ``check_values=False`` skips the host-side range check of ``sigmas`` (a device sync on
+    CUDA).
     """
     _check_inputs(x0, sigmas, noise, check_values)
     s, k = sigmas.shape
@@ -61,10 +62,11 @@ def flow_noise(
                             dtype=x0.dtype)
     chosen = resolve("flow_noise", backend, x0.device, IMPLEMENTED)
     if chosen == "reference":
-        return reference.flow_noise(x0, sigmas, noise)
-    from wc_kernels import _ops
+        return naive.flow_noise(x0, sigmas, noise)
+    from wc_kernels._registry import op_for
+    from wc_kernels.flow_noise.ops import FLOW_NOISE, OPS
 
-    op = _ops.op_for(_ops.FLOW_NOISE, chosen, x0.device)
+    op = op_for(FLOW_NOISE, chosen, x0.device, OPS)
     x_t, v_target = op(x0.reshape(s, -1), sigmas, noise.reshape(s * k, -1))
     shape = (s * k, *x0.shape[1:])
     return x_t.view(shape), v_target.view(shape)

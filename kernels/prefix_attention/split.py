@@ -8,9 +8,9 @@ of softmax attention over the union of keys (the xformers ``merge_training`` con
 
 The partial attentions come from a :class:`PartialKernels` pair: PyTorch's fused CPU
 flash-attention kernels here (they return the LSE and take it back in the backward), the
-``flash-attn`` library's CUDA kernels in :mod:`wc_kernels._prefix_flash_attn`. No library exposes
-"attention over a shared prefix plus per-row keys with gradients" on CPU, hence this small
-autograd function.
+``flash-attn`` library's CUDA kernels in :mod:`wc_kernels.prefix_attention.flash_attn`. No
+library exposes "attention over a shared prefix plus per-row keys with gradients" on CPU, hence
+this small autograd function.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from wc_kernels.reference import compute_dtype
+from wc_kernels._dtypes import compute_dtype
 
 
 class PartialKernels(Protocol):

@@ -12,30 +12,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from wc_kernels import _backend, _ops, _triton, grpo_sde_loss, reference, sde_log_prob
+from wc_kernels import _backend, _registry, grpo_sde_loss, reference, sde_log_prob
+from wc_kernels.grpo_sde_loss import ops
+from wc_kernels.grpo_sde_loss.ops import OPS, SDE_SUMS, SDE_SUMS_BWD
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPU = pytest.mark.gpu
+pytestmark = pytest.mark.usefixtures("poison_outputs")
 NATIVE = _backend.native_built()
 FUSED = ["triton"] + (["native"] if NATIVE else [])
-FORWARD_OPS = [n for n in (_ops.SDE_SUMS, _ops.SDE_SUMS + _ops.TRITON_TWIN) if n in _ops.GRPO_OPS]
+FORWARD_OPS = [n for n in (SDE_SUMS, SDE_SUMS + _registry.TRITON_TWIN) if n in OPS]
 KW = {"noise_level": 0.7, "clip_range": 0.2, "adv_clip_max": 2.0, "sigma_max": 0.98}
 STEP_KW = {"noise_level": 0.7, "sigma_max": 0.98}
 SHAPES = [(1, 37), (5, 37), (1, 1000), (5, 1000), (2, 70001), (3, 4, 5, 7)]  # [B, ...]
-
-
-@pytest.fixture(autouse=True)
-def poison_outputs():
-    hooks = [_triton.set_poison_outputs]
-    if NATIVE:
-        from wc_kernels import _native
-
-        hooks.append(_native.set_poison_outputs)
-    for hook in hooks:
-        hook(True)
-    yield
-    for hook in hooks:
-        hook(False)
 
 
 def _inputs(shape, dtype=torch.float32, seed=0, with_ref=True):
@@ -134,10 +123,9 @@ def _sums_args(b=3, d=20, dtype=torch.float32, with_ref=True, device="cpu"):
 def test_registration_table():
     cpu = torch.device("cpu")
     if NATIVE:
-        assert _ops.op_for(_ops.SDE_SUMS, "native", cpu, _ops.GRPO_OPS) is \
-            _ops.GRPO_OPS[_ops.SDE_SUMS]
-    assert _ops.op_for(_ops.SDE_SUMS, "triton", cpu, _ops.GRPO_OPS) is \
-        _ops.GRPO_OPS[_ops.SDE_SUMS + _ops.TRITON_TWIN]
+        assert _registry.op_for(SDE_SUMS, "native", cpu, OPS) is OPS[SDE_SUMS]
+    assert _registry.op_for(SDE_SUMS, "triton", cpu, OPS) is \
+        OPS[SDE_SUMS + _registry.TRITON_TWIN]
     assert torch.ops.wc_fast.sde_residual_sums.default._schema.arguments[3].type.str() == \
         "Tensor?"
 
@@ -146,17 +134,17 @@ def test_registration_table():
 @pytest.mark.parametrize("with_ref", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
 def test_opcheck(name, with_ref, dtype):
-    torch.library.opcheck(_ops.GRPO_OPS[name], _sums_args(dtype=dtype, with_ref=with_ref))
+    torch.library.opcheck(OPS[name], _sums_args(dtype=dtype, with_ref=with_ref))
     m, x, p, r, coef = _sums_args(dtype=dtype, with_ref=with_ref)
     weights = torch.randn(3, 2, dtype=coef.dtype)
-    backward = name.replace(_ops.SDE_SUMS, _ops.SDE_SUMS_BWD)
-    torch.library.opcheck(_ops.GRPO_OPS[backward], (weights, m.detach(), x, p, r, coef))
+    backward = name.replace(SDE_SUMS, SDE_SUMS_BWD)
+    torch.library.opcheck(OPS[backward], (weights, m.detach(), x, p, r, coef))
 
 
 @pytest.mark.parametrize("name", FORWARD_OPS)
 @pytest.mark.parametrize("with_ref", [True, False])
 def test_gradcheck_float64(name, with_ref):
-    op = _ops.GRPO_OPS[name]
+    op = OPS[name]
     m, x, p, r, coef = _sums_args(b=2, d=3, dtype=torch.float64, with_ref=with_ref)
     assert torch.autograd.gradcheck(lambda v: op(v, x, p, r, coef), (m,))
 
@@ -186,7 +174,8 @@ _TRACE_SCRIPT = """
 import torch
 from torch._subclasses.functional_tensor import dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
-from wc_kernels import _ops
+from wc_kernels._registry import TRITON_TWIN
+from wc_kernels.grpo_sde_loss.ops import OPS, SDE_SUMS, SDE_SUMS_BWD
 
 def kernels_in(op, args):
     gm = make_fx(dispatch_functionalize(op), tracing_mode="fake")(*args)
@@ -194,8 +183,8 @@ def kernels_in(op, args):
 
 m, x, p, r = (torch.randn(3, 40) for _ in range(4))
 coef = torch.randn(3, 2)
-sums = _ops.GRPO_OPS[_ops.SDE_SUMS + _ops.TRITON_TWIN]
-bwd = _ops.GRPO_OPS[_ops.SDE_SUMS_BWD + _ops.TRITON_TWIN]
+sums = OPS[SDE_SUMS + TRITON_TWIN]
+bwd = OPS[SDE_SUMS_BWD + TRITON_TWIN]
 print("sums", kernels_in(sums, (m, x, p, r, coef)))
 print("sums_no_ref", kernels_in(lambda m, x, p, c: sums(m, x, p, None, c), (m, x, p, coef)))
 print("bwd", kernels_in(bwd, (coef, m, x, p, r, coef)))
@@ -221,7 +210,7 @@ def test_native_every_instruction_set_matches_triton(dtype, cols):
     """Every instruction set's inner loops (block tails, chunked rows, fp16 via F16C) give the
     Triton kernels' sums and gradient."""
     from wc_kernels import _native
-    from wc_kernels._triton.grpo_sde_loss import sde_residual_sums, sde_residual_sums_bwd
+    from wc_kernels.grpo_sde_loss.triton import sde_residual_sums, sde_residual_sums_bwd
 
     m, x, p, r, coef = _sums_args(b=3, d=cols, dtype=dtype)
     m = m.detach()
@@ -245,10 +234,8 @@ def test_native_every_instruction_set_matches_triton(dtype, cols):
 @pytest.mark.skipif(not NATIVE, reason="the native extension is not built")
 def test_native_only_registration_without_triton(monkeypatch):
     """Without triton installed the ops are plain CPU custom ops over the native kernels."""
-    monkeypatch.setattr(_ops, "HAVE_TRITON", False)
-    monkeypatch.setattr(_ops, "GRPO_OPS", {})
-    _ops._define_grpo("_native_only_test", native=True)
-    op = _ops.GRPO_OPS[_ops.SDE_SUMS + "_native_only_test"]
+    monkeypatch.setattr(_registry, "HAVE_TRITON", False)
+    op = ops.define_ops("_native_only_test", native_cpu=True)[SDE_SUMS + "_native_only_test"]
     torch.library.opcheck(op, _sums_args())
     m, x, p, r, coef = _sums_args(b=2, d=3, dtype=torch.float64)
     assert torch.autograd.gradcheck(lambda v: op(v, x, p, r, coef), (m,))
@@ -303,7 +290,7 @@ def test_sde_log_prob_checks_its_arguments():
 def test_cuda_matches_reference_and_compiles(dtype):
     m, x, prev, sigma, sigma_next, old, adv, ref = (
         None if t is None else t.cuda() for t in _inputs((6, 3, 4096), dtype))
-    torch.library.opcheck(_ops.GRPO_OPS[_ops.SDE_SUMS],
+    torch.library.opcheck(OPS[SDE_SUMS],
                           _sums_args(dtype=dtype, device="cuda"))
 
     def step(leaf):

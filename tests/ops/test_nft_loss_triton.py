@@ -1,4 +1,4 @@
-"""Fast backends of ``nft_loss`` and ``flow_noise`` against ``backend="reference"``.
+"""Fast backends of ``nft_loss`` against ``backend="reference"``.
 
 Every fast backend available here runs: ``triton`` (under ``TRITON_INTERPRET=1`` on CPU, set by
 conftest) and ``native`` when ``wc_kernels._native`` is built. Outputs are NaN-poisoned before the
@@ -9,57 +9,12 @@ since every interpreted Triton program costs milliseconds.
 
 import pytest
 import torch
+from triton_cases import CASES, DTYPES, GPU, assert_matches
 
-from wc_kernels import _backend, flow_noise, nft_loss
+from wc_kernels import nft_loss
 
-GPU = pytest.mark.gpu
-CPU_BACKENDS = ["triton"] + (["native"] if _backend.native_built() else [])
-CASES = [  # (backend, device)
-    *[(b, "cpu") for b in CPU_BACKENDS],
-    pytest.param("triton", "cuda", marks=GPU, id="triton-cuda"),
-]
+pytestmark = pytest.mark.usefixtures("poison_outputs")
 SHAPES = [(1, 1), (7, 3), (5, 1000), (1, 65537), (2, 4, 5, 7)]  # [B, ...]
-# bf16 runs on every backend, the CPU ones too; only the CUDA cases need the gpu mark
-DTYPES = [pytest.param(d, id=name) for d, name in ((torch.float32, "fp32"),
-                                                   (torch.float16, "fp16"),
-                                                   (torch.bfloat16, "bf16"))]
-
-
-@pytest.fixture(autouse=True)
-def poison_outputs():
-    """Fill the kernels' output buffers with NaN before they run."""
-    from wc_kernels import _triton
-
-    native = None
-    if _backend.native_built():
-        from wc_kernels import _native as native
-    for hook in (_triton.set_poison_outputs, getattr(native, "set_poison_outputs", None)):
-        if hook is not None:
-            hook(True)
-    yield
-    for hook in (_triton.set_poison_outputs, getattr(native, "set_poison_outputs", None)):
-        if hook is not None:
-            hook(False)
-
-
-def assert_matches(actual: torch.Tensor, expected: torch.Tensor, ulps: float = 1) -> None:
-    """fp32/fp64: relative 1e-5. fp16/bf16: within ``ulps`` units in the last place of the
-    dtype (each rounding to the output dtype may land on the other neighbour), plus fp32
-    rounding noise relative to the largest element."""
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    assert torch.isfinite(actual).all(), "non-finite output (unwritten element?)"
-    a, e = actual.double(), expected.double()
-    scale = e.abs().max().item()
-    if actual.dtype in (torch.float32, torch.float64):
-        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6 * scale)
-        return
-    info = torch.finfo(actual.dtype)
-    mag = torch.maximum(a.abs(), e.abs()).clamp_min(info.tiny)
-    ulp = torch.exp2(torch.floor(torch.log2(mag))) * info.eps
-    err = (a - e).abs()
-    bad = err > ulps * ulp + 1e-6 * scale
-    assert not bad.any(), (f"{int(bad.sum())} elements off by more than {ulps} ulp; worst "
-                           f"{(err / ulp).max().item():.2f} ulp")
 
 
 def _nft_inputs(shape, dtype, device, seed=0):
@@ -158,50 +113,6 @@ def test_nft_loss_non_contiguous(backend, device):
         assert_matches(grad, ref_grad)
 
 
-@pytest.mark.parametrize("backend,device", CASES)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("s,k,shape", [(1, 1, (1,)), (3, 2, (3,)), (2, 5, (10, 100)),
-                                       (1, 2, (65537,)), (2, 3, (2, 3, 5))], ids=str)
-def test_flow_noise_matches_reference(backend, device, dtype, s, k, shape):
-    """Outputs and gradients w.r.t. x0, sigmas and noise (each rounded once) within 1 ulp."""
-    g = torch.Generator().manual_seed(5)
-    x0 = torch.randn((s, *shape), generator=g).to(device, dtype)
-    sigmas = torch.rand(s, k, generator=g).to(device)
-    sigmas[0, 0] = 1.0
-    if k > 1:
-        sigmas[0, 1] = 0.0
-    noise = torch.randn((s * k, *shape), generator=g).to(device, dtype)
-    g_xt, g_v = (torch.randn((s * k, *shape), generator=g).to(device, dtype) for _ in range(2))
-
-    def run(name):
-        leaves = [t.detach().clone().requires_grad_() for t in (x0, sigmas, noise)]
-        x_t, v = flow_noise(*leaves, backend=name)
-        torch.autograd.backward((x_t, v), (g_xt, g_v))
-        return x_t.detach(), v.detach(), *(t.grad for t in leaves)
-
-    out, ref = run(backend), run("reference")
-    assert out[0].shape == (s * k, *shape) and out[0].dtype == dtype
-    for got, want in zip(out, ref, strict=True):
-        assert_matches(got, want)
-
-
-@pytest.mark.parametrize("backend,device", CASES)
-def test_flow_noise_non_contiguous_and_generated_noise(backend, device):
-    g = torch.Generator().manual_seed(6)
-    x0 = torch.randn(5, 7, 3, generator=g).to(device).transpose(1, 2)[::2]
-    sigmas = torch.rand(4, 3, generator=g).to(device).t()
-    noise = torch.randn(12, 7, 3, generator=g).to(device).transpose(1, 2)
-    assert not (x0.is_contiguous() or sigmas.is_contiguous() or noise.is_contiguous())
-    for got, want in zip(flow_noise(x0, sigmas, noise, backend=backend),
-                         flow_noise(x0, sigmas, noise, backend="reference"), strict=True):
-        assert_matches(got, want)
-    gen = torch.Generator(device).manual_seed(7)
-    x_t, v = flow_noise(x0, sigmas, generator=gen, backend=backend)
-    eps = v + x0.repeat_interleave(4, dim=0)
-    torch.testing.assert_close(x_t, (1 - sigmas.reshape(-1, 1, 1)) * x0.repeat_interleave(4, 0)
-                               + sigmas.reshape(-1, 1, 1) * eps)
-
-
 def _bad_nft_calls(device):
     vt, vo, vs, r, sigma = _nft_inputs((2, 3), torch.float32, device)
     return [
@@ -218,27 +129,15 @@ def _bad_nft_calls(device):
 
 
 @pytest.mark.parametrize("backend,device", CASES)
-def test_bad_inputs_rejected(backend, device):
+def test_nft_loss_bad_inputs_rejected(backend, device):
     for exc, match, args, kw in _bad_nft_calls(device):
         with pytest.raises(exc, match=match):
             nft_loss(*args, backend=backend, **kw)
-    x0, sigmas, noise = torch.randn(2, 4), torch.rand(2, 3), torch.randn(6, 4)
-    x0, sigmas, noise = x0.to(device), sigmas.to(device), noise.to(device)
-    for exc, match, args in [
-        (ValueError, "sigmas must have shape", (x0, sigmas[:1], noise)),
-        (ValueError, "noise must have shape", (x0, sigmas, noise[:5])),
-        (TypeError, "noise must have the dtype", (x0, sigmas, noise.double())),
-        (ValueError, "sigmas is on", (x0, sigmas.to("meta"), noise)),
-        (ValueError, "sigmas must lie in", (x0, sigmas * 3, noise)),
-    ]:
-        with pytest.raises(exc, match=match):
-            flow_noise(*args, backend=backend)
 
 
-def test_launchers_reject_bad_operands():
-    """The Triton launchers check shapes, dtypes and devices themselves (for direct op users)."""
-    from wc_kernels._triton.flow_noise import flow_noise as launch_flow
-    from wc_kernels._triton.nft_loss import nft_loss_fwd
+def test_launcher_rejects_bad_operands():
+    """The Triton launcher checks shapes, dtypes and devices itself (for direct op users)."""
+    from wc_kernels.nft_loss.triton import nft_loss_fwd
 
     vt, vo, vs, r, sigma = _nft_inputs((2, 3), torch.float32, "cpu")
     with pytest.raises(ValueError, match="v_theta must be"):
@@ -247,8 +146,6 @@ def test_launchers_reject_bad_operands():
         nft_loss_fwd(vt, vo.half(), vs, r, sigma, 1.0, False)
     with pytest.raises(ValueError, match="sigma .* is required"):
         nft_loss_fwd(vt, vo, vs, r, None, 1.0, True)
-    with pytest.raises(ValueError, match="noise must have shape"):
-        launch_flow(vt, torch.rand(2, 2), vs)
 
 
 @GPU

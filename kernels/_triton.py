@@ -1,8 +1,8 @@
 """Fused Triton kernels of the drop-in ops, and the launch configurations they share.
 
-The kernels and their launchers live in :mod:`wc_kernels._triton.nft_loss`,
-:mod:`wc_kernels._triton.flow_noise`, :mod:`wc_kernels._triton.grpo_sde_loss` and
-:mod:`wc_kernels._triton.prefix_attention`; importing this package imports ``triton``.
+The kernels and their launchers live beside each op, in :mod:`wc_kernels.nft_loss.triton`,
+:mod:`wc_kernels.flow_noise.triton`, :mod:`wc_kernels.grpo_sde_loss.triton` and
+:mod:`wc_kernels.prefix_attention.triton`; importing this module imports ``triton``.
 
 On CUDA the block size and warp count are fixed per kernel (so ``python -m wc_kernels.aot`` can
 compile exactly the configurations that run), and long rows are split into chunks so that a
@@ -91,7 +91,7 @@ def check_operand(op: str, name: str, t: torch.Tensor, shape: tuple[int, ...], r
 
 
 def tl_acc(dtype: torch.dtype) -> tl.dtype:
-    """Triton accumulation dtype (:func:`wc_kernels.reference.compute_dtype`)."""
+    """Triton accumulation dtype (:func:`wc_kernels._dtypes.compute_dtype`)."""
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 

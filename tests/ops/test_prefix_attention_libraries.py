@@ -16,9 +16,9 @@ from test_prefix_attention import CASES, _inputs
 
 import wc_kernels
 from wc_kernels import _backend, reference
-from wc_kernels._prefix_flash_attn import FlashAttnKernels
-from wc_kernels._prefix_split import split_prefix_attention
-from wc_kernels.prefix_attention import _FAST
+from wc_kernels.prefix_attention import _FAST, flash_attn
+from wc_kernels.prefix_attention.flash_attn import FlashAttnKernels
+from wc_kernels.prefix_attention.split import split_prefix_attention
 
 NAMES = ("q", "k", "v", "prefix_k", "prefix_v")
 
@@ -133,20 +133,18 @@ def test_flash_attn_split_matches_reference(case, interface):
 
 
 def test_flash_attn_backend_loads_the_installed_library(monkeypatch):
-    from wc_kernels import _prefix_flash_attn
-
     package = types.ModuleType("flash_attn")
     package.flash_attn_interface = _FlashInterface
     monkeypatch.setitem(sys.modules, "flash_attn", package)
-    _prefix_flash_attn.flash_attn_kernels.cache_clear()
+    flash_attn.flash_attn_kernels.cache_clear()
     try:
         ins = _inputs(CASES[3], torch.float32)
         out = _FAST["flash_attn"](*ins, 0.3)
         torch.testing.assert_close(out, reference.prefix_attention(*ins, scale=0.3),
                                    rtol=2e-5, atol=2e-5)
-        assert _prefix_flash_attn.flash_attn_kernels().interface is _FlashInterface
+        assert flash_attn.flash_attn_kernels().interface is _FlashInterface
     finally:
-        _prefix_flash_attn.flash_attn_kernels.cache_clear()
+        flash_attn.flash_attn_kernels.cache_clear()
 
 
 @pytest.mark.parametrize("case", CASES)

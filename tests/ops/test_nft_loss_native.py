@@ -1,16 +1,16 @@
-"""The native C++ kernels (``wc_kernels._native``) against the plain-PyTorch reference.
+"""The native C++ ``nft_loss_fwd`` kernel (``wc_kernels._native``) against the plain-PyTorch
+reference.
 
-The pybind functions are called directly, and through the public ops with
-``backend="native"`` when those are wired to them. Every test runs with output poisoning on:
-outputs start as NaN, so an element a kernel forgets to write fails the comparison.
+The pybind function is called directly, and through the public op with ``backend="native"``.
+Every test runs with output poisoning on: outputs start as NaN, so an element the kernel
+forgets to write fails the comparison.
 """
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
+from native_cases import COLS, DTYPES, public_module
 
 from wc_kernels import reference
 
@@ -18,9 +18,8 @@ native = pytest.importorskip(
     "wc_kernels._native",
     reason="the native extension is not built (pip install --no-build-isolation -e .)",
 )
+pytestmark = pytest.mark.usefixtures("poison_outputs", "one_thread_per_test")
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-COLS = (1, 3, 1000, 65537)
 SPACES = ("velocity", "x0")
 # Optimality r per row: the extremes and values between; sigma 0 and 1e-6 exercise the
 # x0 weight floor (w = max(mean|e|, 1e-5)).
@@ -34,33 +33,6 @@ BATCHES = {
 GRAD_RTOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2,
              torch.float64: 1e-12}
 
-
-@pytest.fixture(autouse=True)
-def poisoned_outputs():
-    native.set_poison_outputs(True)
-    yield
-    native.set_poison_outputs(False)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Run on one thread: on a shared 2-core machine every parallel op (of the reference and
-    of torch.testing) can wait milliseconds for a busy second core. The native kernels split
-    work the same way for any thread count, which
-    test_nft_loss_is_deterministic_across_thread_counts checks on two threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(params=native.available_isas())
-def isa(request):
-    """Run a test with the inner loops of each instruction set this CPU supports."""
-    default = native.isa()
-    native.set_isa(request.param)
-    yield request.param
-    native.set_isa(default)
 
 
 def make_nft_inputs(batch: str, cols: int, dtype: torch.dtype, seed: int = 0) -> dict:
@@ -155,33 +127,11 @@ def test_nft_loss_long_row_is_accurate():
 @pytest.mark.parametrize("space", SPACES)
 def test_nft_loss_is_deterministic_across_thread_counts(space):
     inputs = make_nft_inputs("rows5", 300_007, torch.float32, seed=4)
-    serial = call_native(inputs, 1.0, space)  # one thread (fixture one_thread)
+    serial = call_native(inputs, 1.0, space)  # one thread (fixture one_thread_per_test)
     torch.set_num_threads(2)
     parallel = call_native(inputs, 1.0, space)
     for a, b in zip(serial, parallel, strict=True):
         assert torch.equal(a, b)
-
-
-def make_flow_inputs(samples: int, sigmas: int, cols: int, dtype: torch.dtype):
-    gen = torch.Generator().manual_seed(5)
-    x0 = torch.randn(samples, cols, generator=gen).to(dtype)
-    sig = torch.rand(samples, sigmas, generator=gen)
-    sig[0, 0] = 0.0
-    sig[-1, -1] = 1.0
-    noise = torch.randn(samples * sigmas, cols, generator=gen).to(dtype)
-    return x0, sig, noise
-
-
-@pytest.mark.parametrize("shape", ((1, 1), (3, 5)), ids=("S1K1", "S3K5"))
-@pytest.mark.parametrize("cols", COLS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_flow_noise_matches_reference(isa, dtype, cols, shape):
-    x0, sig, noise = make_flow_inputs(*shape, cols, dtype)
-    x_t, v_target = native.flow_noise(x0, sig, noise)
-    ref_x_t, ref_v = reference.flow_noise(x0, sig, noise)
-    for actual, expected in ((x_t, ref_x_t), (v_target, ref_v)):
-        assert actual.dtype == dtype
-        torch.testing.assert_close(actual, expected)
 
 
 def nft_bad_inputs():
@@ -224,43 +174,10 @@ def test_nft_loss_rejects_non_finite_beta():
         call_native(inputs, float("nan"), "velocity")
 
 
-def flow_bad_inputs():
-    x0, sig, noise = make_flow_inputs(3, 5, 8, torch.float32)
-    return [
-        pytest.param((x0, sig[:2], noise), "sigmas must have shape", id="sigmas-rows"),
-        pytest.param((x0, sig, noise[:-1]), "noise must have shape", id="noise-rows"),
-        pytest.param((x0, sig, noise.half()), "noise must have the dtype of x0",
-                     id="noise-dtype"),
-        pytest.param((x0, sig, noise.t().contiguous().t()), "noise must be contiguous",
-                     id="noise-strides"),
-        pytest.param((x0, sig.to(torch.int32), noise), "sigmas must be float32 or float64",
-                     id="sigmas-dtype"),
-    ]
-
-
-@pytest.mark.parametrize(("args", "message"), flow_bad_inputs())
-def test_flow_noise_rejects_bad_inputs(args, message):
-    with pytest.raises(RuntimeError, match=message):
-        native.flow_noise(*args)
-
-
-def test_set_isa_rejects_unknown_names():
-    with pytest.raises(RuntimeError, match="unknown or unsupported instruction set"):
-        native.set_isa("sse9")
-
-
-def _public_module(name: str):
-    """The module of a public op, skipping when it does not offer the native backend yet."""
-    module = importlib.import_module(f"wc_kernels.{name}")
-    if "native" not in module.IMPLEMENTED:
-        pytest.skip(f"wc_kernels.{name} is not wired to the native backend")
-    return module
-
-
 @pytest.mark.parametrize("space", SPACES)
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
 def test_public_nft_loss_native_backend(dtype, space):
-    op = _public_module("nft_loss").nft_loss
+    op = public_module("nft_loss").nft_loss
     inputs = make_nft_inputs("rows5", 1000, dtype)
     inputs["v_theta"] = inputs["v_theta"].reshape(5, 10, 100)  # [B, ...] rows are flattened
     weights = torch.rand(5, generator=torch.Generator().manual_seed(6)) + 0.5
@@ -273,13 +190,3 @@ def test_public_nft_loss_native_backend(dtype, space):
     assert_loss_close(loss.detach(), ref_loss)
     torch.testing.assert_close(grad.float(), ref_grad.float(), rtol=GRAD_RTOL[dtype],
                                atol=GRAD_RTOL[dtype] * float(ref_grad.float().abs().max()))
-
-
-def test_public_flow_noise_native_backend():
-    op = _public_module("flow_noise").flow_noise
-    x0, sig, noise = make_flow_inputs(3, 5, 1000, torch.float32)
-    x_t, v_target = op(x0.reshape(3, 10, 100), sig, noise.reshape(15, 10, 100),
-                       backend="native")
-    ref_x_t, ref_v = reference.flow_noise(x0, sig, noise)
-    torch.testing.assert_close(x_t.reshape(15, 1000), ref_x_t)
-    torch.testing.assert_close(v_target.reshape(15, 1000), ref_v)

@@ -8,9 +8,10 @@ import math
 import torch
 from torch import Tensor
 
-from wc_kernels import _checks, reference
+from wc_kernels import _checks
 from wc_kernels._backend import resolve
-from wc_kernels.reference import compute_dtype
+from wc_kernels._dtypes import compute_dtype
+from wc_kernels.grpo_sde_loss import naive
 
 IMPLEMENTED = ("reference", "triton", "native")
 LOG_SQRT_2PI = math.log(math.sqrt(2.0 * math.pi))
@@ -74,7 +75,7 @@ def _step_coefficients(sigma: Tensor, sigma_next: Tensor, noise_level: float,
     """``std [B]``, ``-dt [B]`` and ``coef [B, 2]`` = ``(a, c)`` with the step's mean
     ``a * sample + c * model_output``, in ``acc``."""
     sig, sig_next = sigma.detach().to(acc), sigma_next.detach().to(acc)
-    std = reference.sde_std(sig, noise_level, sigma_max)
+    std = naive.sde_std(sig, noise_level, sigma_max)
     dt = sig_next - sig
     var = std * std
     a = 1.0 + var / (2.0 * sig) * dt
@@ -87,14 +88,15 @@ def _fused_stats(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigm
                  sigma_max: float | None, backend: str) -> tuple[Tensor, Tensor]:
     """``log_prob [B]`` and ``kl [B]`` from one fused pass of ``backend`` ("triton" or
     "native") over the rows (``kl`` zero without ``ref_output``)."""
-    from wc_kernels import _ops
+    from wc_kernels._registry import op_for
+    from wc_kernels.grpo_sde_loss.ops import OPS, SDE_SUMS
 
     acc = compute_dtype(model_output.dtype)
     b = model_output.shape[0]
     d = model_output[0].numel()
     std, neg_dt, coef = _step_coefficients(sigma, sigma_next, noise_level, sigma_max, acc)
     ref = None if ref_output is None else ref_output.detach().reshape(b, -1)
-    op = _ops.op_for(_ops.SDE_SUMS, backend, model_output.device, _ops.GRPO_OPS)
+    op = op_for(SDE_SUMS, backend, model_output.device, OPS)
     sums = op(model_output.reshape(b, -1), sample.detach().reshape(b, -1),
               prev_sample.detach().reshape(b, -1), ref, coef)
     var = std * std
@@ -121,9 +123,9 @@ def sde_log_prob(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigm
     _check_step(model_output, sample, prev_sample, sigma, sigma_next, noise_level, sigma_max)
     chosen = resolve("sde_log_prob", backend, model_output.device, IMPLEMENTED)
     if chosen == "reference":
-        return reference.sde_log_prob(model_output, sample, prev_sample, sigma.detach(),
-                                      sigma_next.detach(), noise_level=float(noise_level),
-                                      sigma_max=sigma_max)
+        return naive.sde_log_prob(model_output, sample, prev_sample, sigma.detach(),
+                                  sigma_next.detach(), noise_level=float(noise_level),
+                                  sigma_max=sigma_max)
     log_prob, _ = _fused_stats(model_output, sample, prev_sample, sigma, sigma_next, None,
                                float(noise_level), sigma_max, chosen)
     return log_prob
@@ -168,7 +170,7 @@ def grpo_sde_loss(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sig
         raise ValueError("kl_beta != 0 needs ref_output (the reference model's output)")
     chosen = resolve("grpo_sde_loss", backend, model_output.device, IMPLEMENTED)
     if chosen == "reference":
-        loss, log_prob, kl = reference.grpo_sde_loss(
+        loss, log_prob, kl = naive.grpo_sde_loss(
             model_output, sample, prev_sample, sigma.detach(), sigma_next.detach(),
             old_log_prob, advantage, noise_level=float(noise_level),
             clip_range=float(clip_range), adv_clip_max=float(adv_clip_max),

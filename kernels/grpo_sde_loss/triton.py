@@ -33,8 +33,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
+from wc_kernels._dtypes import compute_dtype
 from wc_kernels._triton import AotConfig, check_operand, new_output, row_split, tl_acc
-from wc_kernels.reference import compute_dtype
 
 GPU_BLOCK = 2048  # per loop step: 8 elements per thread, one 16-byte load for bf16
 GPU_WARPS = 8

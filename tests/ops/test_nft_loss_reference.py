@@ -1,12 +1,11 @@
-"""The reference ops (the spec) against hand computations and independent closed forms."""
+"""The ``nft_loss`` reference (the spec) against hand computations and an independent closed
+form, and the public op's argument checks."""
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 import wc_kernels
-from wc_kernels import reference
 
 
 def _hand_example():
@@ -107,58 +106,6 @@ def test_nft_loss_gradcheck_velocity():
         lambda v: wc_kernels.nft_loss(v, vo, vs, r, beta=0.5, backend="reference"), (vt,))
 
 
-def test_flow_noise_row_order():
-    x0 = torch.tensor([[1.0], [2.0]])
-    sigmas = torch.tensor([[0.0, 0.5, 1.0], [0.25, 0.75, 1.0]])
-    noise = torch.arange(6.0).reshape(6, 1) * 10
-    x_t, v = wc_kernels.flow_noise(x0, sigmas, noise, backend="reference")
-    want_xt = [1.0, 0.5 * 1 + 0.5 * 10, 20.0, 0.75 * 2 + 0.25 * 30, 0.25 * 2 + 0.75 * 40, 50.0]
-    assert x_t[:, 0].tolist() == pytest.approx(want_xt)
-    assert v[:, 0].tolist() == pytest.approx([-1.0, 9.0, 19.0, 28.0, 38.0, 48.0])
-
-
-def test_flow_noise_generates_noise_from_a_generator():
-    x0 = torch.randn(2, 3, 4)
-    sigmas = torch.rand(2, 5)
-    a = wc_kernels.flow_noise(x0, sigmas, generator=torch.Generator().manual_seed(1))
-    b = wc_kernels.flow_noise(x0, sigmas, generator=torch.Generator().manual_seed(1))
-    assert a[0].shape == (10, 3, 4)
-    torch.testing.assert_close(a, b)
-    eps = a[1] + x0.repeat_interleave(5, 0)
-    torch.testing.assert_close(a[0], (1 - sigmas.reshape(10, 1, 1)) * x0.repeat_interleave(5, 0)
-                               + sigmas.reshape(10, 1, 1) * eps)
-
-
-@pytest.mark.parametrize("p,lq,lk", [(0, 3, 3), (5, 4, 2), (7, 1, 6), (3, 5, 0)])
-def test_prefix_attention_matches_sdpa_with_replicated_prefix(p, lq, lk):
-    g = torch.Generator().manual_seed(p * 100 + lq * 10 + lk)
-    b, h, d = 3, 2, 8
-    q = torch.randn(b, h, lq, d, generator=g, dtype=torch.float64, requires_grad=True)
-    k, v = (torch.randn(b, h, lk, d, generator=g, dtype=torch.float64, requires_grad=True)
-            for _ in range(2))
-    pk, pv = (torch.randn(1, h, p, d, generator=g, dtype=torch.float64, requires_grad=True)
-              for _ in range(2))
-    out = wc_kernels.prefix_attention(q, k, v, pk, pv, backend="reference")
-    inputs = (q, k, v, pk, pv)
-    grads = torch.autograd.grad(out.sum() * 1.0 + (out**2).sum(), inputs)
-    keys = torch.cat([pk.expand(b, -1, -1, -1), k], 2)
-    values = torch.cat([pv.expand(b, -1, -1, -1), v], 2)
-    want = F.scaled_dot_product_attention(q, keys, values)
-    want_grads = torch.autograd.grad(want.sum() * 1.0 + (want**2).sum(), inputs)
-    torch.testing.assert_close(out, want)
-    for got, exp in zip(grads, want_grads, strict=True):
-        torch.testing.assert_close(got, exp)
-
-
-def test_prefix_attention_low_precision_output_dtype():
-    q, k, v = (torch.randn(2, 2, 3, 4, dtype=torch.bfloat16) for _ in range(3))
-    pk, pv = (torch.randn(1, 2, 5, 4, dtype=torch.bfloat16) for _ in range(2))
-    out = wc_kernels.prefix_attention(q, k, v, pk, pv, backend="reference")
-    assert out.dtype == torch.bfloat16
-    want = reference.prefix_attention(*(t.double() for t in (q, k, v, pk, pv)))
-    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
-
-
 def _nft_args(**over):
     args = {"v_theta": torch.randn(2, 3), "v_old": torch.randn(2, 3),
             "v_target": torch.randn(2, 3), "r": torch.rand(2)}
@@ -199,40 +146,7 @@ def test_nft_loss_bad_options():
         wc_kernels.nft_loss(torch.empty(0, 3), torch.empty(0, 3), torch.empty(0, 3), torch.rand(0))
 
 
-def test_flow_noise_bad_inputs():
-    x0 = torch.randn(2, 3)
-    with pytest.raises(ValueError, match=r"sigmas must have shape \[S, K\]"):
-        wc_kernels.flow_noise(x0, torch.rand(3, 2))
-    with pytest.raises(ValueError, match="sigmas must lie"):
-        wc_kernels.flow_noise(x0, torch.full((2, 2), 1.5))
-    with pytest.raises(ValueError, match="noise must have shape"):
-        wc_kernels.flow_noise(x0, torch.rand(2, 2), torch.randn(2, 3))
-    with pytest.raises(TypeError, match="noise must have the dtype"):
-        wc_kernels.flow_noise(x0, torch.rand(2, 2), torch.randn(4, 3, dtype=torch.float64))
-    with pytest.raises(ValueError, match="non-empty"):
-        wc_kernels.flow_noise(x0, torch.rand(2, 0))
-
-
-def test_prefix_attention_bad_inputs():
-    q = torch.randn(2, 2, 3, 4)
-    pk = torch.randn(1, 2, 5, 4)
-    with pytest.raises(ValueError, match=r"prefix_k must have shape \[1, H=2, P, D=4\]"):
-        wc_kernels.prefix_attention(q, q, q, pk.expand(2, -1, -1, -1), pk)
-    with pytest.raises(ValueError, match="k must have shape"):
-        wc_kernels.prefix_attention(q, torch.randn(2, 3, 3, 4), torch.randn(2, 3, 3, 4), pk, pk)
-    with pytest.raises(TypeError, match="prefix_v must have the dtype"):
-        wc_kernels.prefix_attention(q, q, q, pk, pk.double())
-    with pytest.raises(ValueError, match=r"q must have shape \[B, H, L, D\]"):
-        wc_kernels.prefix_attention(q[0], q, q, pk, pk)
-    empty = torch.randn(1, 2, 0, 4)
-    with pytest.raises(ValueError, match="at least one key"):
-        wc_kernels.prefix_attention(q, q[:, :, :0], q[:, :, :0], empty, empty)
-
-
 def test_value_checks_can_be_skipped_by_validated_callers():
     args = _nft_args(r=torch.tensor([0.5, 1.5]))
     loss = wc_kernels.nft_loss(**args, backend="reference", check_values=False)
     assert torch.isfinite(loss)
-    x_t, _ = wc_kernels.flow_noise(torch.randn(2, 3), torch.full((2, 2), 1.5), check_values=False,
-                                backend="reference")
-    assert x_t.shape == (4, 3)

@@ -28,6 +28,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
+from wc_kernels._dtypes import compute_dtype
 from wc_kernels._triton import (
     AotConfig,
     check_operand,
@@ -35,7 +36,7 @@ from wc_kernels._triton import (
     row_split,
     tl_acc,
 )
-from wc_kernels.reference import X0_WEIGHT_FLOOR, compute_dtype
+from wc_kernels.nft_loss.naive import X0_WEIGHT_FLOOR
 
 GPU_BLOCK = 2048  # per loop step: 8 elements per thread, one 16-byte load for bf16
 GPU_WARPS = 8

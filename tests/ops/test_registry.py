@@ -1,4 +1,6 @@
-"""torch.library registration of the fused ops: opcheck, gradcheck, torch.compile.
+"""The registration machinery the fused ops share (``wc_kernels._registry``), and the ops
+together: which kernel each registered op runs, ``torch.compile`` of both elementwise ops in one
+graph, and the native extension's instruction-set switch.
 
 On CPU the Triton kernels run under the interpreter, where they cannot be traced: there the
 ops are opaque custom ops (compile uses their fake kernels), and ``torch.compile`` is tested
@@ -16,53 +18,38 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_flow_noise_ops import _flow_args
+from test_nft_loss_ops import _nft_args
 
-from wc_kernels import _backend, _ops, flow_noise, nft_loss
-from wc_kernels._triton.flow_noise import flow_noise as launch_flow
-from wc_kernels._triton.nft_loss import nft_loss_fwd as launch_nft
+from wc_kernels import _backend, _registry, flow_noise, nft_loss
+from wc_kernels.flow_noise import ops as flow_ops
+from wc_kernels.flow_noise.triton import flow_noise as launch_flow
+from wc_kernels.nft_loss import ops as nft_ops
+from wc_kernels.nft_loss.triton import nft_loss_fwd as launch_nft
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NATIVE = _backend.native_built()
 GPU = pytest.mark.gpu
-ALL_OPS = sorted(_ops.OPS)
 BACKENDS = ["reference", "triton"] + (["native"] if NATIVE else [])
-
-
-def _nft_args(b=3, d=20, dtype=torch.float32, device="cpu", x0=True, grad=True,
-              grad_scale=None):
-    g = torch.Generator().manual_seed(0)
-    vt, vo, vs = (torch.randn(b, d, generator=g, dtype=dtype).to(device) for _ in range(3))
-    r, sigma = torch.rand(b, generator=g).to(device), torch.rand(b, generator=g).to(device)
-    scale = () if grad_scale is None else (grad_scale,)
-    return (vt.requires_grad_(grad), vo, vs, r, sigma if x0 else None, 0.5, x0, *scale)
-
-
-def _flow_args(s=2, k=3, d=10, dtype=torch.float32, device="cpu", grad=True):
-    g = torch.Generator().manual_seed(1)
-    x0 = torch.randn(s, d, generator=g, dtype=dtype).to(device).requires_grad_(grad)
-    sigmas = torch.rand(s, k, generator=g).to(device)
-    noise = torch.randn(s * k, d, generator=g, dtype=dtype).to(device).requires_grad_(grad)
-    return x0, sigmas, noise
-
-
-def _args_for(name, **kw):
-    return _nft_args(**kw) if name.startswith(_ops.NFT_LOSS) else _flow_args(**kw)
+NFT_LOSS, FLOW_NOISE = nft_ops.NFT_LOSS, flow_ops.FLOW_NOISE
 
 
 def test_registration_table():
-    assert {_ops.NFT_LOSS, _ops.FLOW_NOISE} <= set(_ops.OPS)
+    assert NFT_LOSS in nft_ops.OPS and FLOW_NOISE in flow_ops.OPS
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert _ops.op_for(_ops.NFT_LOSS, "triton", cpu) is _ops.OPS[_ops.NFT_LOSS + "_triton"]
-    assert _ops.op_for(_ops.NFT_LOSS, "triton", cuda) is _ops.OPS[_ops.NFT_LOSS]
-    assert _ops.op_for(_ops.FLOW_NOISE, "native", cpu) is _ops.OPS[_ops.FLOW_NOISE]
+    assert _registry.op_for(NFT_LOSS, "triton", cpu, nft_ops.OPS) is \
+        nft_ops.OPS[NFT_LOSS + "_triton"]
+    assert _registry.op_for(NFT_LOSS, "triton", cuda, nft_ops.OPS) is nft_ops.OPS[NFT_LOSS]
+    assert _registry.op_for(FLOW_NOISE, "native", cpu, flow_ops.OPS) is \
+        flow_ops.OPS[FLOW_NOISE]
     assert torch.ops.wc_fast.nft_loss_fwd.default._schema.arguments[4].type.str() == "Tensor?"
 
 
 def test_cpu_kernels_are_native_when_built_else_triton():
     """The main ops run the native kernel on CPU when it is built; the twins always Triton."""
     nft, flow = _nft_args(grad=False), _flow_args(grad=False)
-    main_nft = _ops.OPS[_ops.NFT_LOSS](*nft)
-    main_flow = _ops.OPS[_ops.FLOW_NOISE](*flow)
+    main_nft = nft_ops.OPS[NFT_LOSS](*nft)
+    main_flow = flow_ops.OPS[FLOW_NOISE](*flow)
     if NATIVE:
         from wc_kernels import _native
 
@@ -71,34 +58,9 @@ def test_cpu_kernels_are_native_when_built_else_triton():
         want_nft, want_flow = launch_nft(*nft), launch_flow(*flow)
     for got, want in zip((*main_nft, *main_flow), (*want_nft, *want_flow), strict=True):
         assert torch.equal(got, want)
-    twin_nft = _ops.OPS[_ops.NFT_LOSS + "_triton"](*nft)
+    twin_nft = nft_ops.OPS[NFT_LOSS + "_triton"](*nft)
     for got, want in zip(twin_nft, launch_nft(*nft), strict=True):
         assert torch.equal(got, want)
-
-
-@pytest.mark.parametrize("name", ALL_OPS)
-def test_opcheck(name):
-    variants = [{}]
-    if name.startswith(_ops.NFT_LOSS):
-        variants = [{"x0": True}, {"x0": False, "dtype": torch.float16},
-                    {"x0": True, "grad_scale": -0.25}]
-    for kw in variants:
-        torch.library.opcheck(_ops.OPS[name], _args_for(name, **kw))
-
-
-@pytest.mark.parametrize("name", ALL_OPS)
-def test_gradcheck_float64(name):
-    """The registered backward against finite differences: w.r.t. v_theta in velocity space
-    (x0 space detaches its weights, so its gradient is not the derivative), x0 and noise."""
-    op = _ops.OPS[name]
-    if name.startswith(_ops.NFT_LOSS):
-        for grad_scale in (None, 0.3):
-            vt, *rest = _nft_args(b=2, d=3, dtype=torch.float64, x0=False,
-                                  grad_scale=grad_scale)
-            assert torch.autograd.gradcheck(lambda v, rest=rest: op(v, *rest)[0], (vt,))
-    else:
-        x0, sigmas, noise = _flow_args(s=2, k=2, d=3, dtype=torch.float64)
-        assert torch.autograd.gradcheck(lambda a, n: op(a, sigmas, n), (x0, noise))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -124,32 +86,14 @@ def test_compile_fullgraph(backend):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.skipif(not NATIVE, reason="the native extension is not built")
-def test_native_only_registration_without_triton(monkeypatch):
-    """Without triton installed the ops are plain CPU custom ops over the native kernels."""
-    monkeypatch.setattr(_ops, "HAVE_TRITON", False)
-    nft = _ops._define_nft("wc_fast_test::nft_loss_fwd_native_only", native=True)
-    flow = _ops._define_flow("wc_fast_test::flow_noise_native_only", native=True)
-    torch.library.opcheck(nft, _nft_args())
-    torch.library.opcheck(flow, _flow_args())
-
-
-def test_unavailable_backend_under_compile_raises():
-    def f(vt, vo, vs, r):
-        return nft_loss(vt, vo, vs, r, backend="native")
-
-    vt, vo, vs, r, *_ = _nft_args(x0=False)
-    if NATIVE:
-        pytest.skip("the native backend is built here")
-    with pytest.raises(Exception, match="native extension wc_kernels._native is not built"):
-        torch.compile(f, fullgraph=True, backend="aot_eager")(vt, vo, vs, r)
-
 
 _TRACE_SCRIPT = """
 import torch
 from torch._subclasses.functional_tensor import dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
-from wc_kernels import _backend, _ops, nft_loss
+from wc_kernels import _backend, nft_loss
+from wc_kernels.flow_noise.ops import FLOW_NOISE, OPS as FLOW_OPS
+from wc_kernels.nft_loss.ops import NFT_LOSS, OPS as NFT_OPS
 
 def kernels_in(op, args):
     gm = make_fx(dispatch_functionalize(op), tracing_mode="fake")(*args)
@@ -158,12 +102,12 @@ def kernels_in(op, args):
 b, d = 3, 40
 t = [torch.randn(b, d) for _ in range(3)] + [torch.rand(b), torch.rand(b)]
 flow = (torch.randn(2, d), torch.rand(2, 3), torch.randn(6, d))
-twin_nft = _ops.OPS[_ops.NFT_LOSS + "_triton"]
-twin_flow = _ops.OPS[_ops.FLOW_NOISE + "_triton"]
+twin_nft = NFT_OPS[NFT_LOSS + "_triton"]
+twin_flow = FLOW_OPS[FLOW_NOISE + "_triton"]
 print("twin_x0", kernels_in(lambda *a: twin_nft(*a, 1.0, True), t))
 print("twin_velocity", kernels_in(lambda *a: twin_nft(*a[:4], None, 1.0, False), t))
 print("twin_flow", kernels_in(twin_flow, flow))
-main = _ops.OPS[_ops.NFT_LOSS]
+main = NFT_OPS[NFT_LOSS]
 print("main_x0_cpu", kernels_in(lambda *a: main(*a, 1.0, True), t))
 if _backend.native_built():
     vt = t[0].clone().requires_grad_()
@@ -194,12 +138,6 @@ def test_triton_op_traces_without_interpreter():
         assert out["main_x0_cpu"] == "2"
 
 
-@GPU
-@pytest.mark.parametrize("name", [_ops.NFT_LOSS, _ops.FLOW_NOISE])
-def test_opcheck_cuda(name):
-    for dtype in (torch.float32, torch.bfloat16):
-        torch.library.opcheck(_ops.OPS[name], _args_for(name, dtype=dtype, device="cuda"))
-
 
 @GPU
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -227,3 +165,9 @@ def test_compile_inductor_cuda(dtype):
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=0)
     torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-2 if dtype != torch.float32
                                else 1e-5, atol=1e-6)
+
+
+def test_set_isa_rejects_unknown_names():
+    native = pytest.importorskip("wc_kernels._native", reason="the native extension is not built")
+    with pytest.raises(RuntimeError, match="unknown or unsupported instruction set"):
+        native.set_isa("sse9")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from wc_kernels import _checks, reference
+from wc_kernels import _checks
 from wc_kernels._backend import resolve
-from wc_kernels._prefix_flex import flex_prefix_attention
-from wc_kernels._prefix_split import split_prefix_attention
-from wc_kernels._prefix_xformers import xformers_prefix_attention
+from wc_kernels.prefix_attention import naive
+from wc_kernels.prefix_attention.flex import flex_prefix_attention
+from wc_kernels.prefix_attention.split import split_prefix_attention
+from wc_kernels.prefix_attention.xformers import xformers_prefix_attention
 
 IMPLEMENTED = ("reference", "triton", "split", "flex", "flash_attn", "xformers")
 _HALF = (torch.float16, torch.bfloat16)
@@ -28,17 +29,17 @@ def _min_head_dim(backend: str, device: torch.device) -> int:
 
 def triton_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
                             prefix_v: Tensor, scale: float) -> Tensor:
-    """The fused Triton kernels (:mod:`wc_kernels._triton.prefix_attention`) through the
+    """The fused Triton kernels (:mod:`wc_kernels.prefix_attention.triton`) through the
     registered op ``wc_fast::prefix_attention_fwd`` and its autograd."""
-    from wc_kernels import _ops
+    from wc_kernels.prefix_attention.ops import OPS, PREFIX_ATTENTION
 
-    return _ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION](q, k, v, prefix_k, prefix_v, scale)[0]
+    return OPS[PREFIX_ATTENTION](q, k, v, prefix_k, prefix_v, scale)[0]
 
 
 def flash_attn_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
                                 prefix_v: Tensor, scale: float) -> Tensor:
     """The split path with the ``flash-attn`` library's CUDA kernels as its partials."""
-    from wc_kernels._prefix_flash_attn import flash_attn_kernels
+    from wc_kernels.prefix_attention.flash_attn import flash_attn_kernels
 
     return split_prefix_attention(q, k, v, prefix_k, prefix_v, scale, flash_attn_kernels())
 
@@ -117,6 +118,6 @@ def prefix_attention(
     _check_inputs(q, k, v, prefix_k, prefix_v)
     chosen = resolve("prefix_attention", backend, q.device, _candidates(q, backend))
     if chosen == "reference":
-        return reference.prefix_attention(q, k, v, prefix_k, prefix_v, scale=scale)
+        return naive.prefix_attention(q, k, v, prefix_k, prefix_v, scale=scale)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return _FAST[chosen](q, k, v, prefix_k, prefix_v, scale)

@@ -17,12 +17,13 @@ import pytest
 import torch
 
 import wc_kernels
-from wc_kernels import _triton, reference
-from wc_kernels._triton import prefix_attention as tri
+from wc_kernels import reference
 from wc_kernels.prefix_attention import IMPLEMENTED, _candidates
+from wc_kernels.prefix_attention import triton as tri
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPU = pytest.mark.gpu
+pytestmark = pytest.mark.usefixtures("poison_outputs")
 CASES = [  # (B, H, P, L, Lk, D)
     (1, 1, 1, 1, 1, 1),
     (3, 2, 0, 5, 5, 8),  # no prefix
@@ -34,13 +35,6 @@ CASES = [  # (B, H, P, L, Lk, D)
 ]
 TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
 NAMES = ("q", "k", "v", "prefix_k", "prefix_v")
-
-
-@pytest.fixture(autouse=True)
-def poison_outputs():
-    _triton.set_poison_outputs(True)
-    yield
-    _triton.set_poison_outputs(False)
 
 
 def _inputs(case, dtype, device="cpu", seed=0):
@@ -121,19 +115,19 @@ def test_no_queries_give_zero_key_gradients(case):
 
 
 def test_lse_output_gets_no_gradient_and_out_is_contiguous():
-    from wc_kernels import _ops
+    from wc_kernels.prefix_attention.ops import OPS, PREFIX_ATTENTION
 
     ins = _inputs((2, 2, 3, 4, 5, 8), torch.float32)
-    out, lse = _ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION](*ins, 0.5)
+    out, lse = OPS[PREFIX_ATTENTION](*ins, 0.5)
     assert out.is_contiguous() and not lse.requires_grad and out.requires_grad
 
 
 def test_registered_op_passes_opcheck():
     """Schema, fake kernel and autograd registration of the torch.library op."""
-    from wc_kernels import _ops
+    from wc_kernels.prefix_attention.ops import OPS, PREFIX_ATTENTION
 
     ins = _inputs((2, 2, 3, 4, 5, 8), torch.float32)
-    torch.library.opcheck(_ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION], (*ins, 0.5),
+    torch.library.opcheck(OPS[PREFIX_ATTENTION], (*ins, 0.5),
                           test_utils=("test_schema", "test_autograd_registration",
                                       "test_faketensor"))
 
@@ -239,7 +233,7 @@ _TRACE_SCRIPT = """
 import torch
 from torch._subclasses.functional_tensor import dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
-from wc_kernels import _ops
+from wc_kernels.prefix_attention.ops import OPS, PREFIX_ATTENTION, PREFIX_ATTENTION_BWD
 
 def kernels_in(op, args):
     gm = make_fx(dispatch_functionalize(op), tracing_mode="fake")(*args)
@@ -247,8 +241,8 @@ def kernels_in(op, args):
 
 q, k, v = (torch.randn(2, 3, 5, 16) for _ in range(3))
 pk, pv = torch.randn(1, 3, 7, 16), torch.randn(1, 3, 7, 16)
-fwd = _ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION]
-bwd = _ops.ATTENTION_OPS[_ops.PREFIX_ATTENTION_BWD]
+fwd = OPS[PREFIX_ATTENTION]
+bwd = OPS[PREFIX_ATTENTION_BWD]
 out, lse = torch.randn_like(q), torch.randn(2, 3, 5)
 print("fwd", kernels_in(lambda *a: fwd(*a, 0.25), (q, k, v, pk, pv)))
 print("bwd", kernels_in(lambda *a: bwd(*a, 0.25), (torch.randn_like(q), q, k, v, pk, pv, out, lse)))

@@ -6,13 +6,13 @@ import math
 
 from torch import Tensor
 
-from wc_kernels import _checks, reference
+from wc_kernels import _checks
 from wc_kernels._backend import resolve
+from wc_kernels.nft_loss import naive
 
 SPACES = ("velocity", "x0")
 REDUCTIONS = ("mean", "sum", "none")
 IMPLEMENTED = ("reference", "triton", "native")
-
 
 
 def _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction, scale,
@@ -71,11 +71,11 @@ def nft_loss(
     example ``1 / total`` when the samples of one step come in several calls).
 
     ``backend="triton"`` / ``"native"`` run the fused op ``wc_fast::nft_loss_fwd`` (see
-    :mod:`wc_kernels._ops`): one pass over the inputs (two for ``x0``) yields the per-sample loss
-    and the gradient already multiplied by the reduction's factor and ``scale``, so the
-    backward of ``loss.backward()`` has nothing left to do (on CPU; on CUDA it multiplies by
-    the upstream gradient). ``r`` and ``sigma`` are used in fp32 and non-contiguous inputs
-    are copied first.
+    :mod:`wc_kernels.nft_loss.ops`): one pass over the inputs (two for ``x0``) yields the
+    per-sample loss and the gradient already multiplied by the reduction's factor and
+    ``scale``, so the backward of ``loss.backward()`` has nothing left to do (on CPU; on CUDA it
+    multiplies by the upstream gradient). ``r`` and ``sigma`` are used in fp32 and
+    non-contiguous inputs are copied first.
 
     ``check_values=False`` skips the range checks of ``r`` and ``sigma``, which read them on
     the host (a device sync on CUDA): for callers that validated them already.
@@ -89,12 +89,13 @@ def nft_loss(
     # upstream gradient of each sample equals it and the op's backward can skip its pass
     factor = float(scale) / b if reduction == "mean" else float(scale)
     if chosen == "reference":
-        per_sample = reference.nft_loss(v_theta, v_old, v_target, r, beta=float(beta),
-                                        sigma=sigma, space=space)
+        per_sample = naive.nft_loss(v_theta, v_old, v_target, r, beta=float(beta), sigma=sigma,
+                                    space=space)
     else:
-        from wc_kernels import _ops
+        from wc_kernels._registry import op_for
+        from wc_kernels.nft_loss.ops import NFT_LOSS, OPS
 
-        op = _ops.op_for(_ops.NFT_LOSS, chosen, v_theta.device)
+        op = op_for(NFT_LOSS, chosen, v_theta.device, OPS)
         x0 = space == "x0"
         per_sample, _ = op(v_theta.reshape(b, -1), v_old.reshape(b, -1), v_target.reshape(b, -1),
                            r, sigma if x0 else None, float(beta), x0, factor)

@@ -1,0 +1,93 @@
+"""``torch.library`` registration machinery shared by the fused ops.
+
+Each op's ``ops`` module (:mod:`wc_kernels.nft_loss.ops`, :mod:`wc_kernels.flow_noise.ops`,
+:mod:`wc_kernels.grpo_sde_loss.ops`, :mod:`wc_kernels.prefix_attention.ops`) registers its ops
+when imported, with their fake kernels and autograd; the public ops import it when they first
+use a fast backend. An op with a native kernel comes as a pair (:func:`define_with_twin`):
+
+- the main op (``wc_fast::nft_loss_fwd``, ...): Triton on CUDA; on CPU the native kernel
+  (``wc_kernels._native``) when it is built, else Triton under ``TRITON_INTERPRET=1``;
+- its twin, the same name plus :data:`TRITON_TWIN`: Triton on every device, so that
+  ``backend="triton"`` reaches the Triton kernels on CPU tensors even when the native kernel
+  owns the CPU dispatch key of the main op.
+
+Both ops of a pair get the same fake kernel and the same autograd formula. The Triton
+implementations are ``torch.library.triton_op`` so ``torch.compile`` sees (and Inductor can
+compile) the kernels; under the interpreter they are opaque custom ops. Without ``triton``
+installed only the native CPU kernels are registered; with neither, no op is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from wc_kernels._backend import native_built, triton_interpreting
+
+try:
+    import triton  # noqa: F401
+except ImportError:
+    HAVE_TRITON = False
+else:
+    HAVE_TRITON = True
+
+NATIVE = native_built()
+TRITON_TWIN = "_triton"
+
+
+def define(name: str, launch: Any, native_impl: Any, native: bool) -> Any:
+    """Op ``name`` running the Triton ``launch`` (on CPU: ``native_impl`` when ``native``).
+
+    Under ``TRITON_INTERPRET=1`` the kernels are plain Python that cannot be traced, so the op
+    is an opaque ``custom_op`` there (compiled graphs call it and use its fake kernel).
+    """
+    if not HAVE_TRITON:
+        return torch.library.custom_op(name, native_impl, mutates_args=(), device_types="cpu")
+    interpreting = triton_interpreting()
+    register = torch.library.custom_op if interpreting else torch.library.triton_op
+    op = register(name, launch, mutates_args=())
+    if native:
+        op.register_kernel("cpu", native_impl)
+        if not interpreting:
+            _opaque_on_cpu(op)
+    return op
+
+
+def _opaque_on_cpu(op: Any) -> None:
+    """Keep a ``triton_op`` whole for CPU tensors when torch.compile functionalizes it.
+
+    A ``triton_op`` decomposes into its Triton kernels under ``FunctionalTensorMode`` whatever
+    the device; CPU tensors run the native kernel instead, so for them the op stays one node.
+    """
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    decompose = op._torch_dispatch_fns[FunctionalTensorMode]
+
+    def dispatch(mode: Any, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        first = args[0] if args else next(iter(kwargs.values()))
+        if first.device.type == "cpu":
+            return mode.__torch_dispatch__(func, types, args, kwargs)
+        return decompose(mode, func, types, args, kwargs)
+
+    op.register_torch_dispatch(FunctionalTensorMode, dispatch)
+
+
+def define_with_twin(define_ops: Callable[[str, bool], dict[str, Any]]) -> dict[str, Any]:
+    """The ops ``define_ops(suffix, native)`` registers, by name: the main ones (suffix ``""``,
+    native on CPU when the extension is built) and their Triton twins (suffix
+    :data:`TRITON_TWIN`), as far as triton and the native extension are there."""
+    ops: dict[str, Any] = {}
+    if HAVE_TRITON or NATIVE:
+        ops.update(define_ops("", NATIVE))
+    if HAVE_TRITON:
+        ops.update(define_ops(TRITON_TWIN, False))
+    return ops
+
+
+def op_for(name: str, backend: str, device: torch.device, ops: dict[str, Any]) -> Any:
+    """The op of ``ops`` (an op's registration table) that runs ``backend`` ("triton" or
+    "native") for ``device`` tensors."""
+    twin = backend == "triton" and device.type == "cpu"
+    return ops[name + TRITON_TWIN if twin else name]
