@@ -12,6 +12,7 @@ The tests import the ops as ``wc_kernels``, the name an install gives the ``kern
 without one they stop here, saying how to get it.
 """
 
+import contextlib
 import importlib.util
 import os
 import re
@@ -84,14 +85,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@contextlib.contextmanager
+def _single_torch_thread():
+    """One torch thread inside, the previous count restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module of small-tensor tests (faster than two on a busy
-    2-core machine); restores the previous count after the module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    2-core machine)."""
+    with _single_torch_thread():
+        yield
 
 
 # Kernel test fixtures: the modules of tests/ops/ opt in with
@@ -130,10 +140,8 @@ def one_thread_per_test():
     of torch.testing) can wait milliseconds for a busy second core. The native kernels split
     work the same way for any thread count, which
     test_nft_loss_is_deterministic_across_thread_counts checks on two threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with _single_torch_thread():
+        yield
 
 
 @pytest.fixture(params=NATIVE.available_isas() if NATIVE else [])
