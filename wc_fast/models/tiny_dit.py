@@ -21,11 +21,17 @@ from torch import Tensor, nn
 
 from wc_fast.actions import NUM_ACTIONS, label_to_bits, split_action
 from wc_fast.config import PREDICTIONS, ModelConfig
+from wc_fast.models.clips import (
+    check_actions,
+    history_chunks,
+    history_mask,
+    masked_attend,
+    teacher_forced_layout,
+)
 from wc_fast.models.motion_latent import LATENTS
 from wc_fast.models.protocol import ContextCache
 from wc_fast.models.rope import apply_rope, rope_tables
 from wc_kernels import prefix_attention
-from wc_kernels._checks import values_checkable
 from wc_kernels.reference import compute_dtype
 
 PROMPT_ACTION = NUM_ACTIONS  # embedding id of the first (prompt) frame, which has no action
@@ -286,20 +292,6 @@ class TinyWorldDiT(nn.Module):
             raise ValueError(f"{name} must have shape [B, F, {c.channels}, {c.resolution}, "
                              f"{c.resolution}], got {tuple(frames.shape)}")
 
-    def _check_actions(self, actions: Tensor, b: int, frames: int) -> Tensor:
-        if actions.dtype.is_floating_point or actions.dtype == torch.bool:
-            raise TypeError(f"actions must be integer ids 0..{NUM_ACTIONS - 1}, got "
-                            f"{actions.dtype}")
-        if actions.dim() == 1:
-            actions = actions.unsqueeze(0).expand(b, -1)
-        if tuple(actions.shape) != (b, frames):
-            raise ValueError(f"actions must have shape [{b}, {frames}] or [{frames}], got "
-                             f"{tuple(actions.shape)}")
-        if values_checkable() and actions.numel() and (
-                int(actions.min()) < 0 or int(actions.max()) >= NUM_ACTIONS):
-            raise ValueError(f"action ids must lie in 0..{NUM_ACTIONS - 1}")
-        return actions
-
     def _check_cache(self, cache: ContextCache) -> None:
         if cache.signature != self.signature:
             raise ValueError(f"cache was built by a model with sizes {cache.signature}, this "
@@ -402,13 +394,7 @@ class TinyWorldDiT(nn.Module):
 
     def _chunks(self, cache: ContextCache, frames: int) -> list[int]:
         """Split ``frames`` new history frames into causal chunks: prompt frame, then clips."""
-        first = [1] if cache.num_frames == 0 else []
-        rest = frames - len(first)
-        if rest < 0 or rest % self.clip_frames:
-            lead = "1 prompt frame plus " if first else ""
-            raise ValueError(f"history frames must be {lead}a multiple of the clip length "
-                             f"{self.clip_frames}, got {frames}")
-        return first + [self.clip_frames] * (rest // self.clip_frames)
+        return history_chunks(cache.num_frames, frames, self.clip_frames)
 
     def extend_cache(self, cache: ContextCache, frames: Tensor, actions: Tensor, *,
                      sigma: float) -> ContextCache:
@@ -422,7 +408,7 @@ class TinyWorldDiT(nn.Module):
         self._check_frames("frames", frames)
         if frames.shape[0] != 1:
             raise ValueError(f"history frames are shared: batch must be 1, got {frames.shape[0]}")
-        actions = self._check_actions(actions, 1, frames.shape[1]).clone()
+        actions = check_actions(actions, 1, frames.shape[1]).clone()
         if cache.num_frames == 0:
             actions[:, 0] = PROMPT_ACTION
         start = 0
@@ -442,10 +428,10 @@ class TinyWorldDiT(nn.Module):
         self._check_frames("frames", frames)
         if frames.shape[0] != 1:
             raise ValueError(f"history frames are shared: batch must be 1, got {frames.shape[0]}")
-        actions = self._check_actions(actions, 1, frames.shape[1]).clone()
+        actions = check_actions(actions, 1, frames.shape[1]).clone()
         actions[:, 0] = PROMPT_ACTION
-        chunk = self._chunk_ids(frames.shape[1], frames.device)
-        attend = self._masked_attend(chunk[:, None] >= chunk[None, :])
+        attend = masked_attend(history_mask(frames.shape[1], self.clip_frames, frames.device),
+                               self.tokens_per_frame)
         sig = self._history_sigma(sigma, frames.device)
         _, _, keys, values = self._trunk(frames, sig, actions, self.empty_cache(), attend=attend,
                                          reference=self._sequence_reference(frames))
@@ -474,7 +460,7 @@ class TinyWorldDiT(nn.Module):
         if tuple(sigma.shape) != (b, n):
             raise ValueError(f"sigma must have shape [{b}, {n}] (one per clip), got "
                              f"{tuple(sigma.shape)}")
-        actions = self._check_actions(actions, b, total - 1)
+        actions = check_actions(actions, b, total - 1)
         device = frames.device
         frame_motion = None
         if self._check_motion(motion, b, n) is not None:
@@ -486,15 +472,8 @@ class TinyWorldDiT(nn.Module):
         all_sigma = torch.cat([torch.full((b, total), float(context_sigma), device=device,
                                           dtype=sigma.dtype),
                                sigma.repeat_interleave(f, dim=1)], dim=1)
-        positions = torch.cat([torch.arange(total, device=device),
-                               torch.arange(1, total, device=device)])
-        clean = self._chunk_ids(total, device)
-        noisy = clean[1:]
-        sees_clean = torch.cat([clean[:, None] >= clean[None, :],
-                                noisy[:, None] > clean[None, :]])
-        sees_noisy = torch.cat([torch.zeros(total, total - 1, dtype=torch.bool, device=device),
-                                noisy[:, None] == noisy[None, :]])
-        attend = self._masked_attend(torch.cat([sees_clean, sees_noisy], dim=1))
+        positions, frame_mask = teacher_forced_layout(total, f, device)
+        attend = masked_attend(frame_mask, self.tokens_per_frame)
         reference = self._sequence_reference(frames)
         if reference is not None:
             # noisy clip j refers to the last frame before it, as clean clip j does
@@ -504,22 +483,6 @@ class TinyWorldDiT(nn.Module):
                                     reference=reference, motion=frame_motion)
         out = self._head(x, cond, reference, first=total)
         return self._as_velocity(out, x_t, sigma.repeat_interleave(f, dim=1))
-
-    def _chunk_ids(self, frames: int, device: torch.device) -> Tensor:
-        """Chunk index of every frame of a history that starts with the prompt frame."""
-        sizes = self._chunks(self.empty_cache(), frames)
-        return torch.repeat_interleave(torch.arange(len(sizes), device=device),
-                                       torch.tensor(sizes, device=device))
-
-    def _masked_attend(self, frame_mask: Tensor):
-        """SDPA with a frame-level boolean mask ``[F, F]`` expanded to tokens."""
-        t = self.tokens_per_frame
-        mask = frame_mask.repeat_interleave(t, dim=0).repeat_interleave(t, dim=1)
-
-        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-        return attend
 
     def _append_chunk(self, cache: ContextCache, frames: Tensor, actions: Tensor,
                       sigma: float) -> ContextCache:
@@ -553,7 +516,7 @@ class TinyWorldDiT(nn.Module):
         if not isinstance(sigma, Tensor) or tuple(sigma.shape) != (b,):
             raise ValueError(f"sigma must be a tensor of shape [{b}], got "
                              f"{tuple(sigma.shape) if isinstance(sigma, Tensor) else sigma!r}")
-        actions = self._check_actions(actions, b, f)
+        actions = check_actions(actions, b, f)
         motion = self._check_motion(motion, b)
         reference = self._cache_reference(cache, x_t)
         x, cond, _, _ = self._trunk(

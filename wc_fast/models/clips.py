@@ -1,0 +1,98 @@
+"""Clip-level layout shared by the block-causal world models.
+
+A history starts with one prompt frame, then whole clips of ``clip_frames`` frames; each chunk
+(the prompt, then each clip) attends to itself and to every earlier chunk. These helpers
+compute that layout once for every model that follows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from wc_fast.actions import NUM_ACTIONS
+from wc_kernels._checks import values_checkable
+
+Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def check_actions(actions: Tensor, b: int, frames: int) -> Tensor:
+    """Integer action ids ``[B, F]`` or ``[F]`` (one command shared by all rows) -> ``[B, F]``.
+
+    Raises ``TypeError`` for a non-integer tensor and ``ValueError`` for a wrong shape or an
+    id outside 0..80.
+    """
+    if not isinstance(actions, Tensor) or actions.dtype.is_floating_point or (
+            actions.dtype == torch.bool):
+        got = actions.dtype if isinstance(actions, Tensor) else type(actions).__name__
+        raise TypeError(f"actions must be integer ids 0..{NUM_ACTIONS - 1}, got {got}")
+    if actions.dim() == 1:
+        actions = actions.unsqueeze(0).expand(b, -1)
+    if tuple(actions.shape) != (b, frames):
+        raise ValueError(f"actions must have shape [{b}, {frames}] or [{frames}], got "
+                         f"{tuple(actions.shape)}")
+    if values_checkable() and actions.numel() and (
+            int(actions.min()) < 0 or int(actions.max()) >= NUM_ACTIONS):
+        raise ValueError(f"action ids must lie in 0..{NUM_ACTIONS - 1}")
+    return actions
+
+
+def history_chunks(cached_frames: int, frames: int, clip_frames: int) -> list[int]:
+    """Split ``frames`` new history frames that follow ``cached_frames`` into causal chunks:
+    the prompt frame (only when the history is empty), then whole clips."""
+    first = [1] if cached_frames == 0 else []
+    rest = frames - len(first)
+    if rest < 0 or rest % clip_frames:
+        lead = "1 prompt frame plus " if first else ""
+        raise ValueError(f"history frames must be {lead}a multiple of the clip length "
+                         f"{clip_frames}, got {frames}")
+    return first + [clip_frames] * (rest // clip_frames)
+
+
+def chunk_ids(frames: int, clip_frames: int, device: torch.device) -> Tensor:
+    """Chunk index ``[T]`` of every frame of a history of ``frames`` that starts with the
+    prompt frame."""
+    sizes = history_chunks(0, frames, clip_frames)
+    return torch.repeat_interleave(torch.arange(len(sizes), device=device),
+                                   torch.tensor(sizes, device=device))
+
+
+def history_mask(frames: int, clip_frames: int, device: torch.device) -> Tensor:
+    """Frame-level mask ``[T, T]`` of a whole history: a frame sees its chunk and earlier ones."""
+    chunk = chunk_ids(frames, clip_frames, device)
+    return chunk[:, None] >= chunk[None, :]
+
+
+def teacher_forced_layout(total: int, clip_frames: int, device: torch.device
+                          ) -> tuple[Tensor, Tensor]:
+    """Frame positions ``[2T - 1]`` and frame-level mask ``[2T - 1, 2T - 1]`` of a sequence of
+    ``total = T`` clean frames (prompt first) followed by the ``T - 1`` noisy frames of its
+    clips.
+
+    Clean frames see their chunk and earlier ones; noisy clip ``j`` sees the clean prompt, the
+    clean clips before ``j`` and itself, at the positions of clean clip ``j``: exactly what it
+    sees over a cache of its history.
+    """
+    positions = torch.cat([torch.arange(total, device=device),
+                           torch.arange(1, total, device=device)])
+    clean = chunk_ids(total, clip_frames, device)
+    noisy = clean[1:]
+    sees_clean = torch.cat([clean[:, None] >= clean[None, :], noisy[:, None] > clean[None, :]])
+    sees_noisy = torch.cat([torch.zeros(total, total - 1, dtype=torch.bool, device=device),
+                            noisy[:, None] == noisy[None, :]])
+    return positions, torch.cat([sees_clean, sees_noisy], dim=1)
+
+
+def masked_attend(frame_mask: Tensor, tokens_per_frame: int) -> Attend:
+    """SDPA over ``[B, H, N, Dh]`` with a frame-level boolean mask ``[F, F]`` expanded to the
+    ``tokens_per_frame`` tokens of every frame."""
+    t = tokens_per_frame
+    mask = frame_mask.repeat_interleave(t, dim=0).repeat_interleave(t, dim=1)
+
+    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    return attend
