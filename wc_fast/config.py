@@ -22,6 +22,7 @@ LOGGERS = ("jsonl", "tensorboard", "wandb")  # metric sinks of wc_fast.train
 # The choices of every string field: the one definition, read by validate() and by the
 # modules that take the same values as arguments (``typing.get_args`` gives the tuple).
 Dtype = Literal["float32", "bfloat16", "float16"]
+Backbone = Literal["tiny", "wan"]  # the world model's network (wc_fast.models.pretrained)
 Prediction = Literal["velocity", "x0", "warp"]  # what the world model's output head predicts
 RolloutMode = Literal["clip", "sample"]
 Exploration = Literal["noise", "sde"]
@@ -68,6 +69,15 @@ class ModelConfig:
     onset written into three directions of its noise (:mod:`wc_fast.models.motion_latent`),
     so the candidates of one command move differently (``nft.latent_pairing`` says which
     latents the RL update gives it).
+
+    ``backbone``: ``tiny`` is the embedded :class:`~wc_fast.models.TinyWorldDiT` (sized by the
+    fields above); ``wan`` is a :class:`~wc_fast.models.wan.WanWorldModel` on the latents of
+    the Wan VAE, both read from ``path``, a local diffusers pipeline directory with
+    ``transformer/`` and ``vae/`` subfolders. A Wan model takes ``resolution`` (the world's
+    and the rewards' pixel frames), ``clip_frames`` (one latent frame per frame,
+    :mod:`wc_fast.models.wan_vae`) and ``context_sigma`` from here; its sizes come from
+    ``path``, so ``patch``, ``dim``, ``depth``, ``heads``, ``reference_frame`` and
+    ``prediction`` do not apply.
     """
 
     resolution: int = 32
@@ -82,6 +92,8 @@ class ModelConfig:
     reference_frame: bool = True
     prediction: Prediction = "velocity"
     motion_latent: bool = False
+    backbone: Backbone = "tiny"
+    path: str = ""
 
 
 @dataclass(slots=True)
@@ -559,6 +571,29 @@ def _validate_decouple(cfg: Config) -> None:
              "prompts exist", rw.decouple_min_keys)
 
 
+def _validate_backbone(cfg: Config) -> None:
+    """``model.path`` is given exactly for a Wan backbone, and a Wan run uses only what is built
+    for it: the pretrained backbone in fp32, no motion latents, one process or DDP, no
+    end-of-run evaluation (it evaluates the embedded model)."""
+    m, tr = cfg.model, cfg.train
+    if m.backbone == "tiny":
+        _require(not m.path, "model.path", "empty with model.backbone 'tiny' (it names the "
+                 "directory of a Wan backbone)", m.path)
+        return
+    _require(bool(m.path), "model.path", "a local diffusers Wan directory (transformer/ and "
+             "vae/) with model.backbone 'wan'", m.path)
+    _require(tr.init == "base", "train.init (with model.backbone wan)", "'base' (the backbone "
+             "in model.path, with zero-initialised action layers)", tr.init)
+    _require(m.dtype == "float32", "model.dtype (with model.backbone wan)", "'float32'",
+             m.dtype)
+    _require(not m.motion_latent, "model.motion_latent (with model.backbone wan)", "false",
+             m.motion_latent)
+    _require(tr.distributed == "ddp", "train.distributed (with model.backbone wan)", "'ddp'",
+             tr.distributed)
+    _require(not tr.eval_at_end, "train.eval_at_end (with model.backbone wan)", "false",
+             tr.eval_at_end)
+
+
 def validate(cfg: Config) -> None:
     """Raise ``ValueError`` naming the field for any impossible value."""
     _choices("preset", cfg.preset, PRESETS)
@@ -581,6 +616,7 @@ def validate(cfg: Config) -> None:
              f"a multiple of model.patch={m.patch}", m.resolution)
     _require(m.dim % m.heads == 0, "model.dim", f"a multiple of model.heads={m.heads}", m.dim)
     _require(0.0 <= m.context_sigma < 1.0, "model.context_sigma", "in [0, 1)", m.context_sigma)
+    _validate_backbone(cfg)
     _require(ro.group_size >= 2, "rollout.group_size", "an integer >= 2", ro.group_size)
     _require(ro.shift > 0, "rollout.shift", "> 0", ro.shift)
     _require(0.0 <= ro.sde_noise <= 1.0, "rollout.sde_noise", "in [0, 1]", ro.sde_noise)

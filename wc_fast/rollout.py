@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from wc_fast.config import GRPOConfig
-from wc_fast.models import ContextCache, TinyWorldDiT
+from wc_fast.models import ContextCache, WorldModel
 from wc_fast.models.motion_latent import noise_latents
 from wc_fast.sampler import ClipSampler, SDETrajectory
 
@@ -49,16 +49,17 @@ class GroupRollout:
         return last.expand(self.candidates.shape[0], -1, -1, -1, -1)
 
     def reward_frames(self) -> Tensor:
-        """``[G, F+1, C, H, W]``: previous frame then the candidate clip, for the rewards."""
+        """``[G, F+1, C, H, W]``: previous frame then the candidate clip, for the rewards, in
+        the model's frames (a latent model's are decoded by the trainer's codec first)."""
         return torch.cat([self.previous_frames, self.candidates], dim=1)
 
 
-def _extend(model: TinyWorldDiT, cache: ContextCache, frames: Tensor, actions: Tensor
+def _extend(model: WorldModel, cache: ContextCache, frames: Tensor, actions: Tensor
             ) -> ContextCache:
-    return model.extend_cache(cache, frames, actions, sigma=model.cfg.context_sigma)
+    return model.extend_cache(cache, frames, actions, sigma=model.context_sigma)
 
 
-def generate_history(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tensor,
+def generate_history(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
                      actions: Tensor, clips: int, gen: torch.Generator
                      ) -> tuple[Tensor, Tensor, ContextCache]:
     """ODE-generate ``clips`` clips after ``prompt`` ``[1, 1, C, H, W]``; build the cache once."""
@@ -70,14 +71,15 @@ def generate_history(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tensor,
     frames = [prompt]
     for c in range(clips):
         clip_actions = actions[c * f:(c + 1) * f]
-        clip = sampler.sample(cache, clip_actions, num=1, generator=gen).clips.clamp(-1, 1)
+        clip = model.bound_frames(sampler.sample(cache, clip_actions, num=1,
+                                                  generator=gen).clips)
         cache = _extend(model, cache, clip, clip_actions[None])
         frames.append(clip)
     return torch.cat(frames, dim=1), frame_actions, cache
 
 
 @torch.no_grad()
-def rollout_clip_level(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tensor,
+def rollout_clip_level(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
                        actions: Tensor, clip_index: int, group_size: int, gen: torch.Generator,
                        *, grpo: GRPOConfig | None = None) -> GroupRollout:
     """History once, then ``group_size`` candidates of clip ``clip_index`` in one batch; with
@@ -92,12 +94,12 @@ def rollout_clip_level(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tensor
         sampled = sampler.sample_sde(cache, clip_actions, num=group_size, generator=gen,
                                      same_noise=grpo.same_noise, window=grpo.window)
     latents = noise_latents(sampled.noise).expand(group_size, -1)
-    return GroupRollout(history, history_actions, [cache], sampled.clips.clamp(-1, 1),
+    return GroupRollout(history, history_actions, [cache], model.bound_frames(sampled.clips),
                         clip_actions, clip_index, latents, sampled.trajectory)
 
 
 @torch.no_grad()
-def rollout_sample_level(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tensor,
+def rollout_sample_level(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
                          actions: Tensor, clip_index: int, group_size: int, gen: torch.Generator
                          ) -> GroupRollout:
     """Each candidate generates its whole sequence ``1..clip_index`` (its own history)."""
@@ -110,7 +112,7 @@ def rollout_sample_level(model: TinyWorldDiT, sampler: ClipSampler, prompt: Tens
         sampled = sampler.sample(cache, clip_actions, num=1, generator=gen)
         histories.append(history)
         caches.append(cache)
-        candidates.append(sampled.clips.clamp(-1, 1))
+        candidates.append(model.bound_frames(sampled.clips))
         latents.append(noise_latents(sampled.noise))
     return GroupRollout(torch.cat(histories), history_actions.expand(group_size, -1), caches,
                         torch.cat(candidates), clip_actions, clip_index, torch.cat(latents))

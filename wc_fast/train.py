@@ -38,8 +38,13 @@ from wc_fast.metrics import (
     matmul_flops,
     plot_rewards,
 )
-from wc_fast.models import TinyWorldDiT
-from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
+from wc_fast.models import TinyWorldDiT, WorldModel
+from wc_fast.models.pretrained import (
+    BASE_WEIGHTS,
+    frame_codec,
+    load_wan_world_model,
+    load_world_model,
+)
 from wc_fast.preemption import EXIT_PREEMPTED, StopRequest
 from wc_fast.runtime import resolve_device
 from wc_fast.telemetry import GpuTelemetry
@@ -53,8 +58,11 @@ RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last",
                      "train.loggers", "rollout.capture", "nft.micro_batch")
 
 
-def initial_model(cfg: config_lib.Config, device: torch.device) -> TinyWorldDiT:
-    """The model RL starts from: the shipped base model, a weights file, or a random init."""
+def initial_model(cfg: config_lib.Config, device: torch.device) -> WorldModel:
+    """The model RL starts from: the shipped base model, a weights file, or a random init; for
+    a Wan backbone, the one in ``model.path``."""
+    if cfg.model.backbone == "wan":
+        return load_wan_world_model(cfg.model, device).train()
     if cfg.train.init == "random":
         torch.manual_seed(cfg.train.seed)
         return TinyWorldDiT(cfg.model).to(device)
@@ -233,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(f"wc_fast.train: preset {cfg.preset}, {info.world_size} rank(s) on "
                   f"{device.type}; {GpuTelemetry(device.index or 0).status}")
     trainer = Trainer(cfg, initial_model(cfg, device), device, rank=info.rank,
-                      world_size=info.world_size, process_group=info.group)
+                      world_size=info.world_size, process_group=info.group,
+                      codec=frame_codec(cfg.model, device))
     if trainer.compiled:
         console.print("nft.compile: the first iterations compile the train phase "
                       "(minutes on a small CPU, cached for later runs; --nft.compile false "

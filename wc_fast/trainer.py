@@ -37,7 +37,7 @@ from wc_fast.actions import is_composite, num_primitives, split_action
 from wc_fast.config import Config, RewardConfig
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
 from wc_fast.ema import ema_decay, ema_update
-from wc_fast.models import ContextCache, TinyWorldDiT
+from wc_fast.models import ContextCache, FrameCodec, PixelFrames, TinyWorldDiT, WorldModel
 from wc_fast.models.motion_latent import noise_latents, with_latents
 from wc_fast.nft import optimality, select_extremes
 from wc_fast.optim import build_optimizers, freeze_untrained
@@ -188,12 +188,20 @@ class NumericalFaultError(RuntimeError):
 
 
 class Trainer:
-    """Holds the current and old models, optimizers, sampler and reward models of a run."""
+    """Holds the current and old models, optimizers, sampler and reward models of a run.
 
-    def __init__(self, cfg: Config, model: TinyWorldDiT, device: torch.device, *,
+    ``codec``: the map between the model's frames and pixel frames (the Wan VAE for a latent
+    model; the identity, by default, for a pixel model): world prompts are encoded once per
+    group, the rewards read decoded frames.
+    """
+
+    def __init__(self, cfg: Config, model: WorldModel, device: torch.device, *,
                  rank: int = 0, world_size: int = 1,
-                 process_group: dist.ProcessGroup | None = None) -> None:
+                 process_group: dist.ProcessGroup | None = None,
+                 codec: FrameCodec | None = None) -> None:
         self.cfg = cfg
+        # prompts are encoded into the model's frames, rewards read decoded pixel frames
+        self.codec = PixelFrames() if codec is None else codec
         self.device = device
         self.rank, self.world_size, self.process_group = rank, world_size, process_group
         self.sharded = cfg.train.distributed == "fsdp2" and world_size > 1
@@ -253,6 +261,7 @@ class Trainer:
         groups = []
         for g in self.group_ids():
             prompt, actions = prompt_of(self.cfg, step, g, self.device)
+            prompt = self.codec.encode(prompt)
             gen = generator(self.cfg.train.seed, step, g, "rollout", device=self.device)
             groups.append(run(self.old, self.sampler, prompt, actions, clip_index,
                               self.cfg.rollout.group_size, gen))
@@ -264,7 +273,7 @@ class Trainer:
         rw = self.cfg.reward
         s_if, s_vq, spread = [], [], []
         for group in groups:
-            frames = group.reward_frames()
+            frames = self.codec.decode(group.reward_frames())
             c2w = camera_poses(self.estimator, frames)
             if rw.if_kind == "soft":
                 s_if.append(soft_interaction_score(
@@ -452,7 +461,7 @@ class Trainer:
         with torch.set_grad_enabled(mode == "recompute_grad"):
             cache = self.model.build_cache_parallel(group.history[row:row + 1],
                                                     group.history_actions[row:row + 1],
-                                                    sigma=self.model.cfg.context_sigma)
+                                                    sigma=self.model.context_sigma)
         # with gradient, the backward through the cache costs about twice its forward
         return cache, flops * (3 if mode == "recompute_grad" else 1)
 
@@ -464,7 +473,7 @@ class Trainer:
         with torch.no_grad():
             cache = self.ref.build_cache_parallel(group.history[row:row + 1],
                                                   group.history_actions[row:row + 1],
-                                                  sigma=self.ref.cfg.context_sigma)
+                                                  sigma=self.ref.context_sigma)
         return cache, self.ref.history_flops(group.history.shape[1])
 
     def _accumulate(self, item: TrainingItems | GRPOItems, total: float) -> tuple[float, float]:

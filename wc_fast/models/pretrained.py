@@ -1,4 +1,5 @@
-"""The shipped base world model: load it, or export a new one (with its model card)."""
+"""The shipped base world model: load it, or export a new one (with its model card); and the
+Wan backbone with its VAE from a local diffusers directory."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from torch.optim.swa_utils import AveragedModel
 
 from wc_fast import checkpoint
 from wc_fast.config import ModelConfig, from_dict
+from wc_fast.models.protocol import FrameCodec, PixelFrames
 from wc_fast.models.tiny_dit import TinyWorldDiT
+from wc_fast.models.wan import WanWorldModel
+from wc_fast.models.wan_vae import WanLatentCodec, spatial_factor
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BASE_WEIGHTS = ASSETS / "base_model.safetensors"
@@ -70,3 +74,27 @@ def load_checkpoint_model(path: str | Path | None, device: torch.device) -> Tiny
             checkpoint.load(path, models={"model": model}, restore_rng=False)
         return model.eval()
     return load_world_model(path, device=device)
+
+
+def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu"
+                         ) -> WanWorldModel:
+    """The :class:`WanWorldModel` of ``cfg.path`` (its ``transformer/``, with fresh action
+    layers whose projection is zero), on the latents of its ``vae/`` for ``cfg.resolution``
+    pixel frames. Missing directories or files raise ``FileNotFoundError`` naming them."""
+    factor = spatial_factor(cfg.path)
+    if cfg.resolution % factor:
+        raise ValueError(f"model.resolution must be a multiple of the VAE's spatial factor "
+                         f"{factor}, got {cfg.resolution}")
+    side = cfg.resolution // factor
+    model = WanWorldModel.from_pretrained(cfg.path, clip_frames=cfg.clip_frames,
+                                          latent_size=(side, side),
+                                          context_sigma=cfg.context_sigma)
+    return model.to(device)
+
+
+def frame_codec(cfg: ModelConfig, device: torch.device | str = "cpu") -> FrameCodec:
+    """The map between the model's frames and pixel frames: the identity for the embedded
+    model, the Wan VAE of ``cfg.path`` for a Wan backbone."""
+    if cfg.backbone == "wan":
+        return WanLatentCodec.from_pretrained(cfg.path, pixel_size=cfg.resolution, device=device)
+    return PixelFrames()

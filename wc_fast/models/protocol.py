@@ -38,13 +38,20 @@ class ContextCache:
 class WorldModel(Protocol):
     """An action-conditioned, clip-autoregressive flow-matching video model.
 
-    Frames are ``[B, F, C, H, W]`` in [-1, 1]; actions are ids 0..80 (docs/design.md section 5), one
+    Frames are ``[B, F, C, H, W]``: pixels in [-1, 1], or latents of a :class:`FrameCodec`;
+    actions are ids 0..80 (docs/design.md section 5), one
     per frame; ``sigma`` is the flow-matching noise level (1 = pure noise).
     """
 
     clip_frames: int
     clip_shape: tuple[int, int, int, int]  # (F, C, H, W) of one clip
     motion_latent: bool  # velocity() takes motion= latents [B, 3]
+    context_sigma: float  # the noise level the clean history is seen at
+
+    def bound_frames(self, frames: Tensor) -> Tensor:
+        """Sampled clips ``[B, F, C, H, W]`` as they enter the history and the candidates
+        (pixels clamped to [-1, 1]; latents unchanged)."""
+        ...
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """The model's parameters (their device is where sampling runs)."""
@@ -67,3 +74,26 @@ class WorldModel(Protocol):
         (:mod:`wc_fast.models.motion_latent`); the sampler reads them from the initial noise.
         """
         ...
+
+
+class FrameCodec(Protocol):
+    """The map between a model's frames and the pixel frames the world and the rewards use."""
+
+    def encode(self, frames: Tensor) -> Tensor:
+        """Pixel frames ``[B, F, 3, H, W]`` in [-1, 1] -> the model's frames."""
+        ...
+
+    def decode(self, frames: Tensor) -> Tensor:
+        """The model's frames ``[B, F, C', H', W']`` -> pixel frames ``[B, F, 3, H, W]`` in
+        [-1, 1] at the rewards' resolution."""
+        ...
+
+
+class PixelFrames:
+    """The codec of a model that works on pixels: both directions return their input."""
+
+    def encode(self, frames: Tensor) -> Tensor:
+        return frames
+
+    def decode(self, frames: Tensor) -> Tensor:
+        return frames

@@ -268,6 +268,15 @@ class TinyWorldDiT(nn.Module):
         return [p for module in modules for p in module.parameters()]
 
     @property
+    def context_sigma(self) -> float:
+        """The noise level the clean history is seen at (``cfg.context_sigma``)."""
+        return self.cfg.context_sigma
+
+    def bound_frames(self, frames: Tensor) -> Tensor:
+        """Sampled frames as history and candidates: clamped to the pixel range [-1, 1]."""
+        return frames.clamp(-1, 1)
+
+    @property
     def signature(self) -> tuple:
         c = self.cfg
         return (c.resolution, c.channels, c.patch, c.dim, c.depth, c.heads)

@@ -20,12 +20,14 @@ prompt embeddings (no text encoder).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from diffusers import WanTransformer3DModel
+from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.transformers.transformer_wan import WanAttention, _get_qkv_projections
 from diffusers.utils import is_accelerate_available
 from safetensors.torch import load_file
@@ -130,47 +132,60 @@ def block_forward(block: nn.Module, x: Tensor, context: Tensor, modulation: Tens
     return gated_residual(x, block.ffn(modulate(block.norm3, x, c_shift, c_scale)), c_gate)
 
 
-def load_transformer(folder: Path) -> WanTransformer3DModel:
-    """The fp32 ``WanTransformer3DModel`` saved in ``folder`` (checked by
-    :func:`transformer_dir`), from local files only.
+def load_component(model_class: type[ModelMixin], folder: Path) -> ModelMixin:
+    """The fp32 diffusers model of ``model_class`` saved in ``folder`` (checked by
+    :func:`component_dir`), from local files only.
 
-    diffusers' ``from_pretrained`` needs ``accelerate`` for this model (its fp32-kept modules
-    load through accelerate's empty-weight init); without it the model is built from its
-    config and the safetensors shards are loaded strictly, which gives the same weights.
+    diffusers' ``from_pretrained`` needs ``accelerate`` for the Wan transformer (its fp32-kept
+    modules load through accelerate's empty-weight init); without it the model is built from
+    its config and the safetensors shards are loaded strictly, which gives the same weights.
     """
     if is_accelerate_available():
-        return WanTransformer3DModel.from_pretrained(folder, local_files_only=True)
-    transformer = WanTransformer3DModel.from_config(WanTransformer3DModel.load_config(folder))
+        return model_class.from_pretrained(folder, local_files_only=True)
+    model = model_class.from_config(model_class.load_config(folder))
     state = {}
     for shard in sorted(folder.glob("*.safetensors")):
         state.update(load_file(shard))
-    transformer.load_state_dict(state, strict=True)
-    return transformer
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def component_dir(folder: Path, class_name: str, layout: str) -> Path:
+    """``folder`` once it holds a diffusers ``class_name``: a ``config.json`` naming that class
+    and safetensors weights.
+
+    Raises ``FileNotFoundError`` naming what is missing (``layout`` says where the directory
+    was expected) and ``ValueError`` when the config describes another class.
+    """
+    config = folder / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"{config} not found: expected {layout}")
+    if not any(folder.glob("*.safetensors")):
+        raise FileNotFoundError(f"{folder} holds no weights (diffusion_pytorch_model*."
+                                "safetensors)")
+    name = json.loads(config.read_text()).get("_class_name", class_name)
+    if name != class_name:
+        raise ValueError(f"{config} describes a {name}, not a {class_name}")
+    return folder
+
+
+def model_root(path: str | Path) -> Path:
+    """``path`` as a directory; ``FileNotFoundError`` when it is not one."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"Wan model directory {root} not found")
+    return root
 
 
 def transformer_dir(path: str | Path) -> Path:
     """The transformer's directory in ``path``: ``path/transformer`` of a diffusers pipeline
-    directory, else ``path`` itself (a bare transformer directory).
-
-    Raises ``FileNotFoundError`` naming what is missing (the directory, ``config.json``, the
-    weights) and ``ValueError`` when the config is not a ``WanTransformer3DModel``'s.
-    """
-    root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"Wan model directory {root} not found")
+    directory, else ``path`` itself (a bare transformer directory), checked by
+    :func:`component_dir`."""
+    root = model_root(path)
     folder = root / "transformer" if (root / "transformer").is_dir() else root
-    config = folder / "config.json"
-    if not config.is_file():
-        raise FileNotFoundError(f"{config} not found: expected a diffusers pipeline directory "
-                                f"with a transformer/ subfolder, or a bare {TRANSFORMER_CLASS} "
-                                "directory")
-    if not any(folder.glob("*.safetensors")):
-        raise FileNotFoundError(f"{folder} holds no weights (diffusion_pytorch_model*."
-                                "safetensors)")
-    name = json.loads(config.read_text()).get("_class_name", TRANSFORMER_CLASS)
-    if name != TRANSFORMER_CLASS:
-        raise ValueError(f"{config} describes a {name}, not a {TRANSFORMER_CLASS}")
-    return folder
+    return component_dir(folder, TRANSFORMER_CLASS,
+                         "a diffusers pipeline directory with a transformer/ subfolder, or a "
+                         f"bare {TRANSFORMER_CLASS} directory")
 
 
 class WanWorldModel(nn.Module):
@@ -178,16 +193,17 @@ class WanWorldModel(nn.Module):
 
     ``clip_frames``: latent frames per generated clip; ``latent_size``: the latents' ``(H, W)``;
     ``prompt_embeds``: the fixed text-encoder output ``[1, L, text_dim]`` every frame
-    cross-attends to (zeros ``[1, 1, text_dim]`` by default). The transformer's temporal patch
-    must be 1 (each latent frame is its own token frame) and it must be text-to-video (no
-    image cross-attention).
+    cross-attends to (zeros ``[1, 1, text_dim]`` by default); ``context_sigma``: the noise
+    level the clean history is seen at (``model.context_sigma`` of a run). The transformer's
+    temporal patch must be 1 (each latent frame is its own token frame) and it must be
+    text-to-video (no image cross-attention).
     """
 
     motion_latent = False
 
     def __init__(self, transformer: WanTransformer3DModel, *, clip_frames: int,
                  latent_size: tuple[int, int], prompt_embeds: Tensor | None = None,
-                 attention_backend: str = "auto") -> None:
+                 context_sigma: float = 0.0, attention_backend: str = "auto") -> None:
         super().__init__()
         cfg = transformer.config
         p_t, p_h, p_w = cfg.patch_size
@@ -201,6 +217,7 @@ class WanWorldModel(nn.Module):
                              f"({p_h}, {p_w}), got {clip_frames} and {latent_size}")
         self.transformer = transformer
         self.clip_frames = clip_frames
+        self.context_sigma = context_sigma
         self.latent_size = (height, width)
         self.grid = (height // p_h, width // p_w)
         self.tokens_per_frame = self.grid[0] * self.grid[1]
@@ -228,14 +245,81 @@ class WanWorldModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, clip_frames: int, latent_size: tuple[int, int],
-                        prompt_embeds: Tensor | None = None,
+                        prompt_embeds: Tensor | None = None, context_sigma: float = 0.0,
                         attention_backend: str = "auto") -> WanWorldModel:
         """The fp32 backbone from a local diffusers directory (see :func:`transformer_dir`),
         with fresh action layers (their projection is zero: the backbone's predictions
         unchanged). Nothing is downloaded; cast with ``.to(dtype)`` afterwards."""
-        transformer = load_transformer(transformer_dir(path))
+        transformer = load_component(WanTransformer3DModel, transformer_dir(path))
         return cls(transformer, clip_frames=clip_frames, latent_size=latent_size,
-                   prompt_embeds=prompt_embeds, attention_backend=attention_backend)
+                   prompt_embeds=prompt_embeds, context_sigma=context_sigma,
+                   attention_backend=attention_backend)
+
+    # -- what the trainer needs ----------------------------------------------------------------
+
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        """The 2-D weights of the transformer blocks' attention and FFN linears: the ones Muon
+        orthogonalises. The patch embedding, the condition embedders, the action layers and
+        the output projection are not."""
+        return [m.weight for block in self.transformer.blocks for m in block.modules()
+                if isinstance(m, nn.Linear)]
+
+    def conditioning_parameters(self) -> list[nn.Parameter]:
+        """The weights between the command (and noise level) and the network: the action
+        embedding and projection, the timestep embedder and its modulation projection, and
+        every block's and the output's ``scale_shift_table``; the analog of
+        :meth:`TinyWorldDiT.conditioning_parameters`."""
+        tr = self.transformer
+        embedder = tr.condition_embedder
+        modules = [self.key_embed, self.action_proj, embedder.time_embedder, embedder.time_proj]
+        tables = [block.scale_shift_table for block in tr.blocks]
+        return [*(p for m in modules for p in m.parameters()), *tables, tr.scale_shift_table]
+
+    def bound_frames(self, frames: Tensor) -> Tensor:
+        """Sampled latents as history and candidates: unchanged (latents are not bounded)."""
+        return frames
+
+    def velocity_flops(self, batch: int, prefix_tokens: int) -> float:
+        """Forward FLOPs of :meth:`velocity` for ``batch`` clips over ``prefix_tokens`` of history
+        (see :meth:`_forward_flops`)."""
+        t = self.tokens_per_frame
+        keys = prefix_tokens + self.clip_frames * t
+        return self._forward_flops(batch * self.clip_frames, batch,
+                                   batch * self.clip_frames * t * keys, head=True)
+
+    def history_flops(self, frames: int) -> float:
+        """Forward FLOPs of building the cache of a ``frames``-frame history from empty (no
+        output head), counting the keys each chunk attends to (its own and earlier chunks)."""
+        sizes = history_chunks(0, frames, self.clip_frames)
+        t = self.tokens_per_frame
+        pairs = sum(size * t * end * t
+                    for size, end in zip(sizes, itertools.accumulate(sizes), strict=True))
+        return self._forward_flops(frames, 1, pairs, head=False)
+
+    def _forward_flops(self, frames: int, rows: int, attended_pairs: int, head: bool) -> float:
+        """Matmul FLOPs (2 per multiply-add) of one forward over ``frames`` frames in ``rows``
+        sequences whose tokens attend to ``attended_pairs`` (query, key) pairs in all.
+
+        Counted: the per-frame timestep, action and modulation projections, the text
+        embedding (once), the patch embedding, per block the self-attention projections and
+        attention, the cross-attention projections (keys and values of the ``L`` text tokens
+        per row) and attention, and the FFN; with ``head`` the output projection. Norms, RoPE
+        and the element-wise modulation are left out.
+        """
+        c = self.transformer.config
+        d, tokens = c.num_attention_heads * c.attention_head_dim, frames * self.tokens_per_frame
+        text = self.prompt_embeds.shape[1]
+        patch = c.in_channels * c.patch_size[1] * c.patch_size[2]
+        flops = 2 * frames * (c.freq_dim * d + d * d + self.key_embed.in_features * d + d * d
+                              + 6 * d * d)
+        flops += 2 * text * (c.text_dim * d + d * d) + 2 * tokens * patch * d
+        self_attention = 8 * tokens * d * d + 4 * attended_pairs * d
+        cross_attention = 4 * tokens * d * d + 4 * rows * text * d * d + 4 * tokens * text * d
+        ffn = 4 * tokens * d * c.ffn_dim
+        flops += c.num_layers * (self_attention + cross_attention + ffn)
+        if head:
+            flops += 2 * tokens * d * c.out_channels * c.patch_size[1] * c.patch_size[2]
+        return float(flops)
 
     @property
     def signature(self) -> tuple:

@@ -1,0 +1,133 @@
+"""Training the Wan world model through the normal trainer: the VAE codec, one RL iteration
+end to end with checkpoints and an exact resume, conditioning-only training and the checks
+on ``model.path``."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from diffusers import AutoencoderKLWan, WanTransformer3DModel
+from test_train import _assert_same, _final_weights
+
+from wc_fast import checkpoint
+from wc_fast import config as config_lib
+from wc_fast.models.pretrained import frame_codec, load_wan_world_model
+from wc_fast.models.wan_vae import WanLatentCodec
+from wc_fast.train import main
+from wc_fast.trainer import Trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+Z = 4  # latent channels of the test VAE and the transformer
+
+
+def tiny_vae() -> AutoencoderKLWan:
+    """A random Wan VAE (spatial factor 8) with a few thousand weights."""
+    torch.manual_seed(0)
+    return AutoencoderKLWan(base_dim=4, z_dim=Z, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                            temperal_downsample=[False, True, True],
+                            latents_mean=[0.1, -0.2, 0.3, 0.0], latents_std=[1.5, 0.5, 2.0, 1.0])
+
+
+def tiny_transformer() -> WanTransformer3DModel:
+    torch.manual_seed(1)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=Z,
+        out_channels=Z, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2,
+        rope_max_seq_len=32)
+
+
+@pytest.fixture(scope="module")
+def wan_dir(tmp_path_factory) -> str:
+    """A diffusers pipeline directory with ``transformer/`` and ``vae/``."""
+    root = tmp_path_factory.mktemp("wan")
+    tiny_transformer().save_pretrained(root / "transformer")
+    tiny_vae().save_pretrained(root / "vae")
+    return str(root)
+
+
+def wan_args(path: str, out, *extra: str) -> list[str]:
+    return ["--preset", "smoke", "--model.backbone", "wan", "--model.path", path,
+            "--train.init", "base", "--train.ckpt_every", "1", "--out", str(out), *extra]
+
+
+def wan_config(path: str, **overrides: str) -> config_lib.Config:
+    cfg = config_lib.preset("smoke")
+    for key, value in {"model.backbone": "wan", "model.path": path, "train.init": "base",
+                       **overrides}.items():
+        config_lib.apply_override(cfg, key, value)
+    config_lib.validate(cfg)
+    return cfg
+
+
+def test_codec_round_trip_shapes_range_and_normalisation(wan_dir):
+    codec = frame_codec(wan_config(wan_dir).model)
+    assert isinstance(codec, WanLatentCodec) and codec.latent_size == (4, 4)
+    frames = torch.rand(2, 3, 3, 32, 32, requires_grad=True) * 2 - 1
+    z = codec.encode(frames)
+    assert z.shape == (2, 3, Z, 4, 4) and z.dtype == torch.float32 and not z.requires_grad
+    pixels = codec.decode(z)
+    assert pixels.shape == (2, 3, 3, 32, 32) and pixels.dtype == torch.float32
+    assert not pixels.requires_grad and bool(torch.isfinite(pixels).all())
+    assert pixels.min() >= -1 and pixels.max() <= 1
+    # one latent frame per frame: a frame encodes alone as it does in a clip
+    torch.testing.assert_close(codec.encode(frames[:, 1:2]), z[:, 1:2])
+    # the pipeline's normalisation: raw mode latents minus latents_mean over latents_std
+    vae = codec.vae
+    raw = vae.encode(frames[0, :1].detach().unsqueeze(2)).latent_dist.mode().squeeze(2)
+    mean = torch.tensor(vae.config.latents_mean).view(1, Z, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, Z, 1, 1)
+    torch.testing.assert_close(z[0, :1], (raw - mean) / std)
+    small = WanLatentCodec(vae, pixel_size=16).decode(torch.randn(1, 2, Z, 2, 2))
+    assert small.shape == (1, 2, 3, 16, 16)
+
+
+def test_rl_iterations_train_the_wan_model_and_resume_exactly(wan_dir, tmp_path):
+    args = wan_args(wan_dir, tmp_path, "--steps", "2", "--train.keep_last", "2")
+    assert main(args) == 0
+    uninterrupted = _final_weights(tmp_path)
+    initial = load_wan_world_model(wan_config(wan_dir).model).state_dict()
+    assert uninterrupted.keys() == initial.keys()
+    moved = [k for k in initial if not torch.equal(uninterrupted[k], initial[k])]
+    assert "action_proj.weight" in moved and any(k.startswith("transformer.blocks") for k in moved)
+    shutil.rmtree(checkpoint.latest(tmp_path))
+    assert main([*args, "--resume"]) == 0
+    _assert_same(uninterrupted, _final_weights(tmp_path))
+
+
+def test_conditioning_only_trains_the_conditioning_parameters(wan_dir):
+    cfg = wan_config(wan_dir, **{"optim.trainable": "conditioning"})
+    model = load_wan_world_model(cfg.model)
+    trainer = Trainer(cfg, model, torch.device("cpu"), codec=frame_codec(cfg.model))
+    conditioning = {id(p) for p in model.conditioning_parameters()}
+    names = {name for name, p in model.named_parameters() if id(p) in conditioning}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer.iteration(0)
+    after = model.state_dict()
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and moved <= names and "action_proj.weight" in moved
+    hidden = {id(p) for p in model.hidden_matrices()}
+    assert hidden and not hidden & conditioning
+
+
+def test_flop_estimates_grow_with_the_history(wan_dir):
+    model = load_wan_world_model(wan_config(wan_dir).model)
+    assert 0 < model.velocity_flops(2, 0) < model.velocity_flops(2, 64)
+    assert model.velocity_flops(4, 0) == pytest.approx(2 * model.velocity_flops(2, 0), rel=0.01)
+    assert 0 < model.history_flops(1) < model.history_flops(1 + model.clip_frames)
+
+
+def test_model_path_errors_name_what_is_missing(wan_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere.*not found"):
+        main(wan_args(str(tmp_path / "nowhere"), tmp_path / "out"))
+    shutil.copytree(f"{wan_dir}/transformer", tmp_path / "no_vae" / "transformer")
+    with pytest.raises(FileNotFoundError, match="vae.*not found"):
+        main(wan_args(str(tmp_path / "no_vae"), tmp_path / "out"))
+    with pytest.raises(ValueError, match="model.path"):
+        wan_config("")
+    tiny = config_lib.preset("smoke")
+    config_lib.apply_override(tiny, "model.path", wan_dir)
+    with pytest.raises(ValueError, match="model.path"):
+        config_lib.validate(tiny)
