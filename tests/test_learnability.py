@@ -70,8 +70,8 @@ def _held_out_if(trainer: Trainer) -> float:
 class FlippedTrainer(Trainer):
     """Positives and negatives swapped: r -> 1 - r, A -> -A."""
 
-    def advantages(self, s_if, s_vq):
-        r, adv = super().advantages(s_if, s_vq)
+    def advantages(self, s_if, s_vq, **kwargs):
+        r, adv = super().advantages(s_if, s_vq, **kwargs)
         return 1.0 - r, -adv
 
 
