@@ -166,7 +166,10 @@ def write_doc(doc: Path, results: dict, command: str, settings: dict) -> None:
             f"| {col(lambda r: r['eval']['basic']['vq'])} | {col(lambda r: r['motion'])} "
             f"| {col(lambda r: r['spread']['basic'])} / "
             f"{col(lambda r: r['spread']['composite_2key'])} | {_speed(runs, nft_seconds)} |")
-    lines += ["", "## Does the paper's ordering hold?", ""]
+    lines += ["", "s / iteration: the median over a run's iterations of rollout + reward + train "
+              "seconds (its `metrics.jsonl`), and its ratio to the `full` (NFT) row's; comparable "
+              "only between runs made on an otherwise idle machine.",
+              "", "## Does the paper's ordering hold?", ""]
     lines += orderings(results)
     doc.write_text("\n".join(lines) + "\n")
 
