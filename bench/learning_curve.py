@@ -25,11 +25,11 @@ from safetensors.torch import save_file
 import wc_fast.trainer as trainer_module
 from wc_fast.actions import split_action
 from wc_fast.config import apply_override, preset
-from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.interaction import action_accuracy, interaction_score
 from wc_fast.rollout import rollout_clip_level
 from wc_fast.runtime import generator
+from wc_fast.train import initial_model
 from wc_fast.trainer import Trainer
 from wc_fast.world import sample_sequences
 
@@ -84,7 +84,7 @@ def main() -> None:
         key, value = item.split("=", 1)
         apply_override(cfg, key, value)
     torch.manual_seed(0)
-    trainer = Trainer(cfg, load_world_model(BASE_WEIGHTS), torch.device("cpu"))
+    trainer = Trainer(cfg, initial_model(cfg, torch.device("cpu")), torch.device("cpu"))
     sets = {name: sample_sequences(args.eval_n, num_clips=1, seed=HELD_OUT_SEED + i,
                                    composite_fraction=fraction, composite_keys=(2,))
             for i, (name, fraction) in enumerate((("two", 1.0), ("basic", 0.0)))}

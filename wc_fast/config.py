@@ -70,6 +70,13 @@ class ModelConfig:
     so the candidates of one command move differently (``nft.latent_pairing`` says which
     latents the RL update gives it).
 
+    ``pose_branch``: a camera-pose branch (WorldPlay's): the pressed keys of each frame through
+    one linear map to that frame's global affine flow, added to the one the head reads from the
+    tokens (``prediction="warp"`` only). Linear in the keys, so a key combination's motion is
+    the sum of its keys' motions by construction, where the transformer must learn to compose
+    them. Zero-initialised: switching it on over weights trained without it leaves the model
+    unchanged, and RL can then train it.
+
     ``backbone``: ``tiny`` is the embedded :class:`~wc_fast.models.TinyWorldDiT` (sized by the
     fields above); ``wan`` is a :class:`~wc_fast.models.wan.WanWorldModel` on the latents of
     the Wan VAE, both read from ``path``, a local diffusers pipeline directory with
@@ -92,6 +99,7 @@ class ModelConfig:
     reference_frame: bool = True
     prediction: Prediction = "velocity"
     motion_latent: bool = False
+    pose_branch: bool = False
     backbone: Backbone = "tiny"
     path: str = ""
 
@@ -574,7 +582,8 @@ def _validate_decouple(cfg: Config) -> None:
 def _validate_backbone(cfg: Config) -> None:
     """``model.path`` is given exactly for a Wan backbone, and a Wan run uses only what is built
     for it: the pretrained backbone in fp32, no motion latents, one process or DDP, no
-    end-of-run evaluation (it evaluates the embedded model)."""
+    end-of-run evaluation (it evaluates the embedded model), no pose branch (the embedded
+    model's warp head)."""
     m, tr = cfg.model, cfg.train
     if m.backbone == "tiny":
         _require(not m.path, "model.path", "empty with model.backbone 'tiny' (it names the "
@@ -588,6 +597,8 @@ def _validate_backbone(cfg: Config) -> None:
              m.dtype)
     _require(not m.motion_latent, "model.motion_latent (with model.backbone wan)", "false",
              m.motion_latent)
+    _require(not m.pose_branch, "model.pose_branch (with model.backbone wan)", "false",
+             m.pose_branch)
     _require(tr.distributed == "ddp", "train.distributed (with model.backbone wan)", "'ddp'",
              tr.distributed)
     _require(not tr.eval_at_end, "train.eval_at_end (with model.backbone wan)", "false",

@@ -68,6 +68,8 @@ def initial_model(cfg: config_lib.Config, device: torch.device) -> WorldModel:
         return TinyWorldDiT(cfg.model).to(device)
     path = BASE_WEIGHTS if cfg.train.init == "base" else Path(cfg.train.init)
     model = load_world_model(path, device=device)
+    if cfg.model.pose_branch and not model.cfg.pose_branch:
+        model.add_pose_branch()  # zero-initialised: the loaded model is unchanged
     # the weights are fp32 whatever dtype they were trained in: model.dtype (the autocast
     # dtype of the matmuls) is a choice of this run, every other field must match the weights
     diffs = [f"model.{k}: weights {v!r} vs config {getattr(cfg.model, k)!r}"

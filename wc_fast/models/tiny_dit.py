@@ -12,6 +12,7 @@ rows through :func:`wc_kernels.prefix_attention`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -37,6 +38,7 @@ from wc_kernels.reference import compute_dtype
 PROMPT_ACTION = NUM_ACTIONS  # embedding id of the first (prompt) frame, which has no action
 # smallest sigma an x0-predicting model divides by: bounds the velocity's gain near sigma = 0
 X0_MIN_SIGMA = 0.05
+POSE_GAIN = 8.0  # pixels of affine flow at the image edge per unit of pose-branch weight
 GELU_TANH_SCALE = 2 * math.sqrt(2 / math.pi)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -211,6 +213,9 @@ class TinyWorldDiT(nn.Module):
         if cfg.prediction not in PREDICTIONS:
             raise ValueError(f"model.prediction must be one of {PREDICTIONS}, got "
                              f"{cfg.prediction!r}")
+        if cfg.pose_branch and cfg.prediction != "warp":
+            raise ValueError("model.pose_branch adds to the warp's affine flow: it needs "
+                             "model.prediction='warp'")
         if cfg.prediction == "warp" and not cfg.reference_frame:
             raise ValueError("model.prediction='warp' warps the reference frame: it needs "
                              "model.reference_frame=True")
@@ -250,6 +255,31 @@ class TinyWorldDiT(nn.Module):
         for layer in zero_init:
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
+        if cfg.pose_branch:
+            self._build_pose_branch()
+
+    def _build_pose_branch(self) -> None:
+        """The zero-initialised map from a frame's pressed keys to its affine flow, in units of
+        :data:`POSE_GAIN` pixels at the image edge: an optimizer step of a given size then
+        moves a shift and a zoom by comparable displacements."""
+        self.pose_flow = nn.Linear(9, 6, bias=False, device=self.key_embed.weight.device,
+                                   dtype=self.key_embed.weight.dtype)
+        nn.init.zeros_(self.pose_flow.weight)
+        edge = POSE_GAIN / (self.cfg.resolution / 2)
+        self.register_buffer("pose_scale", torch.tensor(
+            [POSE_GAIN, edge, edge, POSE_GAIN, edge, edge],
+            device=self.key_embed.weight.device), persistent=False)
+
+    def add_pose_branch(self) -> None:
+        """Switch ``cfg.pose_branch`` on for a model built without it (a zero branch: the
+        model's output is unchanged)."""
+        if self.cfg.pose_branch:
+            raise ValueError("this model already has a pose branch")
+        if self.cfg.prediction != "warp":
+            raise ValueError("model.pose_branch adds to the warp's affine flow: it needs "
+                             "model.prediction='warp'")
+        self.cfg = dataclasses.replace(self.cfg, pose_branch=True)
+        self._build_pose_branch()
 
     def hidden_matrices(self) -> list[nn.Parameter]:
         """The 2-D weights of hidden layers (the transformer blocks and the sigma MLP): the
@@ -265,6 +295,8 @@ class TinyWorldDiT(nn.Module):
         modules = [self.key_embed, *(b.modulation for b in self.blocks), self.final_modulation]
         if self.cfg.motion_latent:
             modules.append(self.motion_embed)
+        if self.cfg.pose_branch:
+            modules.append(self.pose_flow)
         return [p for module in modules for p in module.parameters()]
 
     @property
@@ -490,7 +522,7 @@ class TinyWorldDiT(nn.Module):
         x, cond, _, _ = self._trunk(torch.cat([frames, x_t], dim=1), all_sigma, all_actions,
                                     self.empty_cache(), attend=attend, positions=positions,
                                     reference=reference, motion=frame_motion)
-        out = self._head(x, cond, reference, first=total)
+        out = self._head(x, cond, reference, all_actions, first=total)
         return self._as_velocity(out, x_t, sigma.repeat_interleave(f, dim=1))
 
     def _append_chunk(self, cache: ContextCache, frames: Tensor, actions: Tensor,
@@ -531,7 +563,8 @@ class TinyWorldDiT(nn.Module):
         x, cond, _, _ = self._trunk(
             x_t, sigma, actions, cache, reference=reference,
             motion=None if motion is None else motion[:, None].expand(b, f, -1))
-        return self._as_velocity(self._head(x, cond, reference), x_t, sigma[:, None].expand(b, f))
+        return self._as_velocity(self._head(x, cond, reference, actions), x_t,
+                                 sigma[:, None].expand(b, f))
 
     def _as_velocity(self, out: Tensor, x_t: Tensor, sigma: Tensor) -> Tensor:
         """The head's output ``[B, F, C, H, W]`` as a velocity, given per-frame ``sigma``
@@ -601,12 +634,12 @@ class TinyWorldDiT(nn.Module):
                 values.append(v)
         return x, cond, keys, values
 
-    def _head(self, x: Tensor, cond: Tensor, reference: Tensor | None, first: int = 0
-              ) -> Tensor:
-        """The output head on frames ``first:`` of the trunk's tokens ``x`` ``[B, F*T, D]``
-        and condition ``cond`` ``[B, F, D]``: the clip ``[B, F - first, C, H, W]`` (velocity,
-        x0, or for ``warp`` the reference frames warped by the predicted flow plus a
-        residual)."""
+    def _head(self, x: Tensor, cond: Tensor, reference: Tensor | None, actions: Tensor,
+              first: int = 0) -> Tensor:
+        """The output head on frames ``first:`` of the trunk's tokens ``x`` ``[B, F*T, D]``,
+        condition ``cond`` and actions ``[B, F]``: the clip ``[B, F - first, C, H, W]``
+        (velocity, x0, or for ``warp`` the reference frames warped by the predicted flow plus
+        a residual)."""
         b, f = cond.shape[:2]
         n = f - first
         acc = compute_dtype(self.patch_embed.weight.dtype)
@@ -617,6 +650,9 @@ class TinyWorldDiT(nn.Module):
             if self.cfg.prediction == "warp":
                 frame_tokens = h.reshape(b, n, self.tokens_per_frame, -1).mean(dim=2)
                 affine = self.affine_flow(frame_tokens).to(out.dtype)
+                if self.cfg.pose_branch:
+                    keys = self.keys_of_action[actions[:, first:]].to(self.pose_flow.weight.dtype)
+                    affine = affine + (self.pose_flow(keys) * self.pose_scale).to(out.dtype)
         if self.cfg.prediction != "warp":
             return self.unpatchify(out, n)
         c = self.cfg.channels
