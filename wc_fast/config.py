@@ -117,6 +117,15 @@ class RolloutConfig:
     ``warped`` is the previous frame's noise moved along the image flow of the commanded
     camera motion (:mod:`wc_fast.noise_warp`); every element stays a standard normal and
     frame 1 (with its motion latents) is left as drawn.
+
+    ``warp_exploration``: standard deviation, in pixels per frame, of a random camera motion
+    imposed on each candidate of a rollout (0 = off): a shift in x, a shift in y and a zoom
+    (measured at the image edge), added to the warp head's affine flow of every frame of the
+    candidate's clip (:func:`wc_fast.rollout.warp_exploration_offsets`). The update trains the
+    model without the offset toward the candidates that scored well, so it distils the camera
+    motion that followed the command: exploration in motion, where the noise alone moves the
+    candidates of a group alike. Needs the embedded model with ``prediction="warp"`` and the
+    NFT update (an offset the policy does not model has no log-probability for GRPO).
     """
 
     group_size: int = 16
@@ -131,6 +140,7 @@ class RolloutConfig:
     composite_keys: tuple[int, ...] = (2, 3, 4)
     capture: Capture = "auto"
     noise_warp: float = 0.0
+    warp_exploration: float = 0.0
 
 
 @dataclass(slots=True)
@@ -635,6 +645,14 @@ def validate(cfg: Config) -> None:
              ro.composite_fraction)
     _require(0.0 <= ro.noise_warp <= 1.0, "rollout.noise_warp", "in [0, 1] (0 = off)",
              ro.noise_warp)
+    _require(ro.warp_exploration >= 0.0, "rollout.warp_exploration", ">= 0 (0 = off)",
+             ro.warp_exploration)
+    if ro.warp_exploration > 0:
+        _require(m.backbone == "tiny" and m.prediction == "warp",
+                 "model.prediction (with rollout.warp_exploration)", "'warp' on the embedded "
+                 "model (the offset moves its warp head's affine flow)", m.prediction)
+        _require(cfg.train.update == "nft", "train.update (with rollout.warp_exploration)",
+                 "'nft'", cfg.train.update)
     _require(len(ro.composite_keys) >= 1 and set(ro.composite_keys) <= {2, 3, 4}
              and all(isinstance(k, int) for k in ro.composite_keys), "rollout.composite_keys",
              "a non-empty subset of (2, 3, 4)", ro.composite_keys)

@@ -78,18 +78,38 @@ def generate_history(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
     return torch.cat(frames, dim=1), frame_actions, cache
 
 
+def warp_exploration_offsets(num: int, strength: float, size: int, gen: torch.Generator
+                             ) -> Tensor | None:
+    """Random camera motions ``[num, 6]`` as affine-flow parameters
+    (:func:`wc_fast.models.tiny_dit.affine_flow`): a shift in x and in y and a zoom, each a
+    normal of standard deviation ``strength`` pixels per frame (the zoom's at the image edge,
+    ``size / 2`` pixels from the centre). ``None`` for ``strength = 0``."""
+    if strength == 0:
+        return None
+    z = torch.randn(num, 3, generator=gen, device=gen.device) * strength
+    offset = torch.zeros(num, 6, device=gen.device)
+    offset[:, 0], offset[:, 3] = z[:, 0], z[:, 1]
+    offset[:, 1] = offset[:, 5] = z[:, 2] / (size / 2)
+    return offset
+
+
 @torch.no_grad()
 def rollout_clip_level(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
                        actions: Tensor, clip_index: int, group_size: int, gen: torch.Generator,
-                       *, grpo: GRPOConfig | None = None) -> GroupRollout:
+                       *, grpo: GRPOConfig | None = None, warp_exploration: float = 0.0
+                       ) -> GroupRollout:
     """History once, then ``group_size`` candidates of clip ``clip_index`` in one batch; with
-    ``grpo``, sampled by :meth:`ClipSampler.sample_sde` with its ``same_noise`` and ``window``."""
+    ``grpo``, sampled by :meth:`ClipSampler.sample_sde` with its ``same_noise`` and ``window``;
+    with ``warp_exploration``, each candidate under its own random camera motion
+    (:func:`warp_exploration_offsets`; the history is generated without)."""
     f = model.clip_frames
     history, history_actions, cache = generate_history(model, sampler, prompt, actions,
                                                        clip_index - 1, gen)
     clip_actions = actions[(clip_index - 1) * f:clip_index * f]
     if grpo is None:
-        sampled = sampler.sample(cache, clip_actions, num=group_size, generator=gen)
+        offset = warp_exploration_offsets(group_size, warp_exploration, prompt.shape[-1], gen)
+        sampled = sampler.sample(cache, clip_actions, num=group_size, generator=gen,
+                                 affine_offset=offset)
     else:
         sampled = sampler.sample_sde(cache, clip_actions, num=group_size, generator=gen,
                                      same_noise=grpo.same_noise, window=grpo.window)
@@ -100,16 +120,18 @@ def rollout_clip_level(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
 
 @torch.no_grad()
 def rollout_sample_level(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
-                         actions: Tensor, clip_index: int, group_size: int, gen: torch.Generator
-                         ) -> GroupRollout:
-    """Each candidate generates its whole sequence ``1..clip_index`` (its own history)."""
+                         actions: Tensor, clip_index: int, group_size: int, gen: torch.Generator,
+                         *, warp_exploration: float = 0.0) -> GroupRollout:
+    """Each candidate generates its whole sequence ``1..clip_index`` (its own history); with
+    ``warp_exploration``, its last clip under its own random camera motion."""
     f = model.clip_frames
     clip_actions = actions[(clip_index - 1) * f:clip_index * f]
     histories, caches, candidates, latents = [], [], [], []
     for _ in range(group_size):
         history, history_actions, cache = generate_history(model, sampler, prompt, actions,
                                                            clip_index - 1, gen)
-        sampled = sampler.sample(cache, clip_actions, num=1, generator=gen)
+        offset = warp_exploration_offsets(1, warp_exploration, prompt.shape[-1], gen)
+        sampled = sampler.sample(cache, clip_actions, num=1, generator=gen, affine_offset=offset)
         histories.append(history)
         caches.append(cache)
         candidates.append(model.bound_frames(sampled.clips))

@@ -17,6 +17,8 @@ micro-batches (docs/design.md section 4.1).
 World-R1's options (docs/design.md section 4.2): periodic decoupled iterations
 (``reward.decouple_every``) train on VQ alone over high-motion prompts, and
 ``rollout.noise_warp`` samples from noise warped along the commanded camera motion.
+``rollout.warp_exploration`` imposes a random camera motion on each candidate of a group, so
+that candidates differ in how they move (docs/design.md section 4.3).
 """
 
 from __future__ import annotations
@@ -257,6 +259,8 @@ class Trainer:
         run = rollout_sample_level if self.cfg.rollout.mode == "sample" else rollout_clip_level
         if self.grpo:  # validation keeps GRPO to clip-level rollouts
             run = functools.partial(rollout_clip_level, grpo=self.cfg.grpo)
+        elif self.cfg.rollout.warp_exploration:
+            run = functools.partial(run, warp_exploration=self.cfg.rollout.warp_exploration)
         prompt_of = high_motion_prompt if decoupled(self.cfg.reward, step) else group_prompt
         groups = []
         for g in self.group_ids():

@@ -38,7 +38,7 @@ from wc_kernels.reference import compute_dtype
 PROMPT_ACTION = NUM_ACTIONS  # embedding id of the first (prompt) frame, which has no action
 # smallest sigma an x0-predicting model divides by: bounds the velocity's gain near sigma = 0
 X0_MIN_SIGMA = 0.05
-POSE_GAIN = 8.0  # pixels of affine flow at the image edge per unit of pose-branch weight
+POSE_GAIN = 40.0  # pixels of affine flow at the image edge per unit of pose-branch weight
 GELU_TANH_SCALE = 2 * math.sqrt(2 / math.pi)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -542,12 +542,15 @@ class TinyWorldDiT(nn.Module):
     # -- prediction ---------------------------------------------------------------------------
 
     def velocity(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache, *,
-                 motion: Tensor | None = None) -> Tensor:
+                 motion: Tensor | None = None, affine_offset: Tensor | None = None) -> Tensor:
         """Velocity ``[B, F, C, H, W]`` (fp32; fp64 for an fp64 model) of ``B`` noisy clips.
 
         ``x_t`` ``[B, F, C, H, W]`` with ``F`` the clip length, ``sigma`` ``[B]``,
         ``actions`` ``[B, F]`` or ``[F]`` (one command shared by all rows), ``motion`` the
         clips' motion latents ``[B, 3]`` (only for a ``motion_latent`` model).
+        ``affine_offset`` ``[B, 6]``: added to every frame's affine flow parameters
+        (:func:`affine_flow`; ``prediction="warp"`` only), a camera motion imposed on each
+        row, which rollouts use to explore (``rollout.warp_exploration``).
         """
         self._check_cache(cache)
         self._check_frames("x_t", x_t)
@@ -559,12 +562,17 @@ class TinyWorldDiT(nn.Module):
                              f"{tuple(sigma.shape) if isinstance(sigma, Tensor) else sigma!r}")
         actions = check_actions(actions, b, f)
         motion = self._check_motion(motion, b)
+        if affine_offset is not None and (self.cfg.prediction != "warp" or not isinstance(
+                affine_offset, Tensor) or tuple(affine_offset.shape) != (b, 6)):
+            raise ValueError(f"affine_offset must be a [{b}, 6] tensor for a model with "
+                             f"prediction='warp' (this one: {self.cfg.prediction!r}), got "
+                             f"{getattr(affine_offset, 'shape', affine_offset)}")
         reference = self._cache_reference(cache, x_t)
         x, cond, _, _ = self._trunk(
             x_t, sigma, actions, cache, reference=reference,
             motion=None if motion is None else motion[:, None].expand(b, f, -1))
-        return self._as_velocity(self._head(x, cond, reference, actions), x_t,
-                                 sigma[:, None].expand(b, f))
+        out = self._head(x, cond, reference, actions, affine_offset=affine_offset)
+        return self._as_velocity(out, x_t, sigma[:, None].expand(b, f))
 
     def _as_velocity(self, out: Tensor, x_t: Tensor, sigma: Tensor) -> Tensor:
         """The head's output ``[B, F, C, H, W]`` as a velocity, given per-frame ``sigma``
@@ -635,11 +643,11 @@ class TinyWorldDiT(nn.Module):
         return x, cond, keys, values
 
     def _head(self, x: Tensor, cond: Tensor, reference: Tensor | None, actions: Tensor,
-              first: int = 0) -> Tensor:
+              first: int = 0, affine_offset: Tensor | None = None) -> Tensor:
         """The output head on frames ``first:`` of the trunk's tokens ``x`` ``[B, F*T, D]``,
         condition ``cond`` and actions ``[B, F]``: the clip ``[B, F - first, C, H, W]``
-        (velocity, x0, or for ``warp`` the reference frames warped by the predicted flow plus
-        a residual)."""
+        (velocity, x0, or for ``warp`` the reference frames warped by the predicted flow,
+        plus ``affine_offset`` ``[B, 6]`` when given, plus a residual)."""
         b, f = cond.shape[:2]
         n = f - first
         acc = compute_dtype(self.patch_embed.weight.dtype)
@@ -653,6 +661,8 @@ class TinyWorldDiT(nn.Module):
                 if self.cfg.pose_branch:
                     keys = self.keys_of_action[actions[:, first:]].to(self.pose_flow.weight.dtype)
                     affine = affine + (self.pose_flow(keys) * self.pose_scale).to(out.dtype)
+                if affine_offset is not None:
+                    affine = affine + affine_offset[:, None].to(out.dtype)
         if self.cfg.prediction != "warp":
             return self.unpatchify(out, n)
         c = self.cfg.channels
