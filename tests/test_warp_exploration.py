@@ -129,29 +129,3 @@ def test_two_gloo_ranks_explore_as_one_process(tmp_path):
     spawn_ranks(_rank, ([*common, "--out", str(two), "--rollout.groups_per_rank", "1"],),
                 tmp_path)
     _assert_same(_final_weights(one), _final_weights(two), atol=5e-5)
-
-
-def test_an_offset_moves_the_residual_with_the_content():
-    """With the head's flow at zero, the explored clean clip is the plain one (reference plus
-    residual) warped as a whole by the offset's flow: the residual's detail moves with the
-    view instead of staying where the plain clip had it."""
-    model = _randomised().double()
-    patch_dim = 3 * CFG.patch ** 2
-    with torch.no_grad():
-        model.out.weight[patch_dim:] = 0
-        model.out.bias[patch_dim:] = 0
-        model.affine_flow.weight.zero_()
-        model.affine_flow.bias.zero_()
-    g = torch.Generator().manual_seed(4)
-    prompt = torch.randn(1, 1, 3, 16, 16, generator=g, dtype=torch.float64)
-    cache = model.extend_cache(model.empty_cache(), prompt, torch.zeros(1, 1, dtype=torch.long),
-                               sigma=0.014)
-    x_t = torch.randn(1, 2, 3, 16, 16, generator=g, dtype=torch.float64)
-    sigma, actions = torch.full((1,), 0.5, dtype=torch.float64), torch.tensor([3, 3])
-    offset = torch.tensor([[0.7, 0.03, 0, -1.2, 0, 0.03]], dtype=torch.float64)
-    with torch.no_grad():
-        plain = x_t - 0.5 * model.velocity(x_t, sigma, actions, cache)
-        moved = x_t - 0.5 * model.velocity(x_t, sigma, actions, cache, affine_offset=offset)
-    assert (plain - prompt).abs().amax() > 1e-2  # the residual is not zero
-    flow = accumulate_over_clips(affine_flow(offset[:, None].expand(1, 2, 6), 16), 2)
-    torch.testing.assert_close(moved, warp(plain, flow), rtol=1e-9, atol=1e-9)

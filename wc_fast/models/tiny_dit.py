@@ -646,8 +646,8 @@ class TinyWorldDiT(nn.Module):
               first: int = 0, affine_offset: Tensor | None = None) -> Tensor:
         """The output head on frames ``first:`` of the trunk's tokens ``x`` ``[B, F*T, D]``,
         condition ``cond`` and actions ``[B, F]``: the clip ``[B, F - first, C, H, W]``
-        (velocity, x0, or for ``warp`` the reference frames warped by the predicted flow plus
-        a residual; ``affine_offset`` ``[B, 6]`` moves both by its affine flow)."""
+        (velocity, x0, or for ``warp`` the reference frames warped by the predicted flow,
+        plus ``affine_offset`` ``[B, 6]`` when given, plus a residual)."""
         b, f = cond.shape[:2]
         n = f - first
         acc = compute_dtype(self.patch_embed.weight.dtype)
@@ -670,13 +670,6 @@ class TinyWorldDiT(nn.Module):
         flow = self.unpatchify(out[..., c * self.cfg.patch ** 2:], n, channels=2)
         flow = accumulate_over_clips(flow + affine_flow(affine, self.cfg.resolution),
                                      self.clip_frames)
-        if affine_offset is not None:
-            # the imposed camera motion moves the residual with the content it details, so an
-            # explored candidate is the model's frame seen from the moved camera, not its
-            # detail painted at the old place
-            offset = affine_offset[:, None].to(out.dtype).expand(b, n, -1)
-            residual = warp(residual, accumulate_over_clips(
-                affine_flow(offset, self.cfg.resolution), self.clip_frames))
         reference = reference[:, first:].to(out.dtype).expand(b, -1, -1, -1, -1)
         return warp(reference, flow) + residual
 
