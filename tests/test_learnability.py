@@ -28,6 +28,12 @@ STEPS = 40
 
 def _config(steps: int):
     cfg = preset("cpu")
+    # the update on the whole model, two fixed groups, candidates from their noise alone
+    cfg.optim.trainable = "all"
+    cfg.rollout.groups_per_rank = 2
+    cfg.rollout.warp_exploration = 0.0
+    cfg.model.pose_branch = False
+    cfg.ema.end = 0.8
     cfg.reward.kind = "if"
     cfg.reward.if_kind = "soft"
     cfg.rollout.num_clips = 1  # clip 1 only: no history to generate

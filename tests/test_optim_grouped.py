@@ -88,13 +88,14 @@ def test_muon_takes_exactly_the_hidden_matrices():
     """Parameter groups by role: the key embedding, the patch projection and every output
     head (including the affine flow head of a warp model) go to AdamW."""
     cfg = preset("cpu")
+    cfg.optim.trainable = "all"
     model = TinyWorldDiT(cfg.model)
     muon, adamw = build_optimizers(model, cfg.optim)
     in_muon = {id(p) for group in muon.param_groups for p in group["params"]}
     in_adamw = {id(p) for group in adamw.param_groups for p in group["params"]}
     named = dict(model.named_parameters())
-    for name in ("affine_flow.weight", "out.weight", "final_modulation.weight",
-                 "key_embed.weight", "patch_embed.weight"):
+    for name in ("affine_flow.weight", "pose_flow.weight", "out.weight",
+                 "final_modulation.weight", "key_embed.weight", "patch_embed.weight"):
         assert id(named[name]) in in_adamw, name
     assert id(named["blocks.0.attn.qkv.weight"]) in in_muon
     assert in_muon | in_adamw == {id(p) for p in model.parameters()}
