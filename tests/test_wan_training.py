@@ -9,7 +9,9 @@ import shutil
 import pytest
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
-from test_train import _assert_same, _final_weights
+from gloo_ranks import spawn_ranks
+from safetensors.torch import load_file
+from test_train import _assert_same, _final_weights, _rank
 
 from wc_fast import checkpoint
 from wc_fast import config as config_lib
@@ -97,6 +99,19 @@ def test_rl_iterations_train_the_wan_model_and_resume_exactly(wan_dir, tmp_path)
     _assert_same(uninterrupted, _final_weights(tmp_path))
 
 
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
+def test_two_gloo_ranks_train_the_wan_model_as_one_process(wan_dir, tmp_path, mode):
+    common = ["--steps", "2", "--reward.std", "global", "--rollout.capture", "eager"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(wan_args(wan_dir, one, *common, "--rollout.groups_per_rank", "2")) == 0
+    spawn_ranks(_rank, (wan_args(wan_dir, two, *common, "--rollout.groups_per_rank", "1",
+                                 "--train.distributed", mode),), tmp_path)
+    # fp32 sums over ranks against one process's accumulation; see test_train's 2-rank test
+    _assert_same(_final_weights(one), _final_weights(two), atol=5e-5)
+    _assert_same(load_file(checkpoint.latest(one) / "old.safetensors"),
+                 load_file(checkpoint.latest(two) / "old.safetensors"), atol=5e-5)
+
+
 def test_conditioning_only_trains_the_conditioning_parameters(wan_dir):
     cfg = wan_config(wan_dir, **{"optim.trainable": "conditioning"})
     model = load_wan_world_model(cfg.model)
@@ -110,6 +125,15 @@ def test_conditioning_only_trains_the_conditioning_parameters(wan_dir):
     assert moved and moved <= names and "action_proj.weight" in moved
     hidden = {id(p) for p in model.hidden_matrices()}
     assert hidden and not hidden & conditioning
+
+
+def test_action_layers_are_drawn_from_the_seed(wan_dir):
+    cfg = wan_config(wan_dir).model
+    first, again = (load_wan_world_model(cfg, seed=3).state_dict() for _ in range(2))
+    _assert_same(first, again)
+    other = load_wan_world_model(cfg, seed=4).state_dict()
+    assert not torch.equal(first["key_embed.weight"], other["key_embed.weight"])
+    assert torch.equal(first["transformer.proj_out.weight"], other["transformer.proj_out.weight"])
 
 
 def test_flop_estimates_grow_with_the_history(wan_dir):

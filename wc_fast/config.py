@@ -598,7 +598,7 @@ def _validate_decouple(cfg: Config) -> None:
 
 def _validate_backbone(cfg: Config) -> None:
     """``model.path`` is given exactly for a Wan backbone, and a Wan run uses only what is built
-    for it: the pretrained backbone in fp32, no motion latents, one process or DDP, no
+    for it: the pretrained backbone in fp32, no motion latents, no
     end-of-run evaluation (it evaluates the embedded model), no pose branch (the embedded
     model's warp head)."""
     m, tr = cfg.model, cfg.train
@@ -616,8 +616,6 @@ def _validate_backbone(cfg: Config) -> None:
              m.motion_latent)
     _require(not m.pose_branch, "model.pose_branch (with model.backbone wan)", "false",
              m.pose_branch)
-    _require(tr.distributed == "ddp", "train.distributed (with model.backbone wan)", "'ddp'",
-             tr.distributed)
     _require(not tr.eval_at_end, "train.eval_at_end (with model.backbone wan)", "false",
              tr.eval_at_end)
 

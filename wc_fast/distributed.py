@@ -56,8 +56,8 @@ def shutdown(info: DistInfo) -> None:
         dist.destroy_process_group()
 
 
-# Forward-like TinyWorldDiT methods: FSDP2 gathers the parameters around these as it does
-# around ``forward``.
+# Forward-like methods of both world models (TinyWorldDiT, WanWorldModel): FSDP2 gathers the
+# parameters around these as it does around ``forward``.
 FSDP_FORWARD_METHODS = ("velocity", "extend_cache", "teacher_forced_velocity",
                         "build_cache_parallel")
 
@@ -65,7 +65,8 @@ FSDP_FORWARD_METHODS = ("velocity", "extend_cache", "teacher_forced_velocity",
 def shard_model(model: nn.Module, group: dist.ProcessGroup, device_type: str) -> nn.Module:
     """Shard ``model`` across the ranks of ``group`` with FSDP2 (``fully_shard``), in place.
 
-    Each block is its own unit and the root holds the rest. The root's parameters are also
+    Each of ``model.shard_units()`` (the transformer blocks, or their parts) is its own unit
+    and the root holds the rest. The root's parameters are also
     resharded after every forward: the old model only ever runs without gradient, so no
     backward would reshard them. Gradients are summed, not averaged, over ranks: the trainer
     already divides each rank's loss by the global item count, exactly as the DDP path does.
@@ -74,8 +75,8 @@ def shard_model(model: nn.Module, group: dist.ProcessGroup, device_type: str) ->
     # concatenates them, never writes them in place: FSDP2's warning about views is moot here
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     mesh = DeviceMesh.from_group(group, device_type)
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
+    for unit in model.shard_units():
+        fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh, reshard_after_forward=True)
     for name in FSDP_FORWARD_METHODS:
         register_fsdp_forward_method(model, name)

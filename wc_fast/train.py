@@ -62,7 +62,7 @@ def initial_model(cfg: config_lib.Config, device: torch.device) -> WorldModel:
     """The model RL starts from: the shipped base model, a weights file, or a random init; for
     a Wan backbone, the one in ``model.path``."""
     if cfg.model.backbone == "wan":
-        return load_wan_world_model(cfg.model, device).train()
+        return load_wan_world_model(cfg.model, device, seed=cfg.train.seed).train()
     if cfg.train.init == "random":
         torch.manual_seed(cfg.train.seed)
         return TinyWorldDiT(cfg.model).to(device)

@@ -76,11 +76,11 @@ def load_checkpoint_model(path: str | Path | None, device: torch.device) -> Tiny
     return load_world_model(path, device=device)
 
 
-def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu"
-                         ) -> WanWorldModel:
+def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *,
+                         seed: int = 0) -> WanWorldModel:
     """The :class:`WanWorldModel` of ``cfg.path`` (its ``transformer/``, with fresh action
-    layers whose projection is zero), on the latents of its ``vae/`` for ``cfg.resolution``
-    pixel frames. Missing directories or files raise ``FileNotFoundError`` naming them."""
+    layers drawn from ``seed`` whose projection is zero), on the latents of its ``vae/`` for
+    ``cfg.resolution`` pixel frames. Missing directories or files raise ``FileNotFoundError`` naming them."""
     factor = spatial_factor(cfg.path)
     if cfg.resolution % factor:
         raise ValueError(f"model.resolution must be a multiple of the VAE's spatial factor "
@@ -88,7 +88,7 @@ def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu"
     side = cfg.resolution // factor
     model = WanWorldModel.from_pretrained(cfg.path, clip_frames=cfg.clip_frames,
                                           latent_size=(side, side),
-                                          context_sigma=cfg.context_sigma)
+                                          context_sigma=cfg.context_sigma, seed=seed)
     return model.to(device)
 
 

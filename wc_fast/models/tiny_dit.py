@@ -288,6 +288,11 @@ class TinyWorldDiT(nn.Module):
         return [p for module in (self.sigma_mlp, self.blocks) for p in module.parameters()
                 if p.ndim == 2]
 
+    def shard_units(self) -> list[nn.Module]:
+        """The submodules FSDP2 shards as units of their own (each called as a module in every
+        forward, so its parameters are gathered just before use): the transformer blocks."""
+        return list(self.blocks)
+
     def conditioning_parameters(self) -> list[nn.Parameter]:
         """The weights between the command and the network: the key and motion-latent
         embeddings and the adaLN modulation of every block and of the output head. They set

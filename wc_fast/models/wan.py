@@ -203,7 +203,8 @@ class WanWorldModel(nn.Module):
 
     def __init__(self, transformer: WanTransformer3DModel, *, clip_frames: int,
                  latent_size: tuple[int, int], prompt_embeds: Tensor | None = None,
-                 context_sigma: float = 0.0, attention_backend: str = "auto") -> None:
+                 context_sigma: float = 0.0, attention_backend: str = "auto",
+                 seed: int = 0) -> None:
         super().__init__()
         cfg = transformer.config
         p_t, p_h, p_w = cfg.patch_size
@@ -234,9 +235,12 @@ class WanWorldModel(nn.Module):
         self.register_buffer("keys_of_action", key_table(), persistent=False)
         # one unit-scale vector per key (and one for the prompt frame), summed over the pressed
         # keys, then a zero-initialised projection into the timestep embedding: the pretrained
-        # backbone starts unchanged
+        # backbone starts unchanged; the vectors come from ``seed``, so every process and every
+        # run builds the same model
         self.key_embed = nn.Linear(9, dim, bias=False, device=param.device, dtype=param.dtype)
-        nn.init.normal_(self.key_embed.weight, std=1.0)
+        with torch.no_grad():
+            vectors = torch.randn(dim, 9, generator=torch.Generator().manual_seed(seed))
+            self.key_embed.weight.copy_(vectors)
         self.action_proj = nn.Linear(dim, dim, device=param.device, dtype=param.dtype)
         nn.init.zeros_(self.action_proj.weight)
         nn.init.zeros_(self.action_proj.bias)
@@ -246,14 +250,14 @@ class WanWorldModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, *, clip_frames: int, latent_size: tuple[int, int],
                         prompt_embeds: Tensor | None = None, context_sigma: float = 0.0,
-                        attention_backend: str = "auto") -> WanWorldModel:
+                        attention_backend: str = "auto", seed: int = 0) -> WanWorldModel:
         """The fp32 backbone from a local diffusers directory (see :func:`transformer_dir`),
-        with fresh action layers (their projection is zero: the backbone's predictions
-        unchanged). Nothing is downloaded; cast with ``.to(dtype)`` afterwards."""
+        with fresh action layers drawn from ``seed`` (their projection is zero: the backbone's
+        predictions unchanged). Nothing is downloaded; cast with ``.to(dtype)`` afterwards."""
         transformer = load_component(WanTransformer3DModel, transformer_dir(path))
         return cls(transformer, clip_frames=clip_frames, latent_size=latent_size,
                    prompt_embeds=prompt_embeds, context_sigma=context_sigma,
-                   attention_backend=attention_backend)
+                   attention_backend=attention_backend, seed=seed)
 
     # -- what the trainer needs ----------------------------------------------------------------
 
@@ -263,6 +267,15 @@ class WanWorldModel(nn.Module):
         the output projection are not."""
         return [m.weight for block in self.transformer.blocks for m in block.modules()
                 if isinstance(m, nn.Linear)]
+
+    def shard_units(self) -> list[nn.Module]:
+        """The submodules FSDP2 shards as units of their own: every block's self-attention,
+        cross-attention and FFN. Not the blocks: :func:`block_forward` runs a block's parts
+        with per-frame modulation instead of calling the block, so a block unit would never
+        gather its parameters. Each block's norms and ``scale_shift_table`` stay with the
+        root unit."""
+        return [part for block in self.transformer.blocks
+                for part in (block.attn1, block.attn2, block.ffn)]
 
     def conditioning_parameters(self) -> list[nn.Parameter]:
         """The weights between the command (and noise level) and the network: the action
