@@ -7,8 +7,12 @@ The import name is ``wc_kernels``; this folder, ``kernels/``, is its source, whi
 maps to that name (``setup.py``). The folder's own name is not an import name: ``kernels`` is
 also a PyPI package (the hub kernel loader that diffusers and transformers use), so a package
 of that name would shadow it or be shadowed by it. Imported as anything but ``wc_kernels`` (as
-``kernels``, with a checkout's root on ``sys.path``) this package raises ImportError, so its
-``torch.library`` ops are never registered twice.
+``kernels``, with a checkout's root on ``sys.path``) this package is inert: it registers no
+``torch.library`` op (that would register each twice), has no submodules, and every attribute
+lookup raises AttributeError naming ``wc_kernels``. Inert rather than an ImportError because
+libraries probe for the PyPI package by importing it (transformers reads ``kernels.__version__``
+whenever the name is found on the path): they then see no usable ``kernels``, and a run
+started from a checkout's root keeps working.
 
 Each op has a plain-PyTorch reference in :mod:`wc_kernels.reference` (the spec) and fast backends
 chosen with ``backend=`` (see :mod:`wc_kernels._backend`). This package imports nothing from
@@ -28,15 +32,14 @@ image's); an older torch fails here, at import, with both versions named.
 
 import re
 
-if __name__ != "wc_kernels":
-    raise ImportError(
-        f"{__path__[0]} is the source of wc_fast's ops package, whose import name is wc_kernels, "
-        f"not {__name__!r}: import wc_kernels instead (pip install -e . maps the folder to that "
-        f"name). If you meant the PyPI package {__name__!r}: this folder shadows it because its "
-        f"parent directory is on sys.path (python -c and python -m put the current directory "
-        f"there); run from another directory.", name=__name__)
+import torch
 
-import torch  # noqa: E402
+_NOT_THIS_NAME = (
+    f"{__path__[0]} is the source of wc_fast's ops package, whose import name is wc_kernels, "
+    f"not {__name__!r}: import wc_kernels instead (pip install -e . maps the folder to that "
+    f"name). If you meant the PyPI package {__name__!r}: this folder shadows it because its "
+    f"parent directory is on sys.path (python -c and python -m put the current directory "
+    f"there); run from another directory.")
 
 TORCH_MIN = (2, 11)
 
@@ -52,17 +55,24 @@ def check_torch_version(version: str) -> None:
                           f'pip install "torch>={need}"')
 
 
-check_torch_version(torch.__version__)
+if __name__ == "wc_kernels":
+    check_torch_version(torch.__version__)
 
-from wc_kernels.adapters import (  # noqa: E402
-    advantages_to_optimality,
-    diffusion_nft_loss,
-    worldcompass_nft_loss,
-)
-from wc_kernels.flow_noise import flow_noise  # noqa: E402
-from wc_kernels.grpo_sde_loss import grpo_sde_loss, sde_log_prob  # noqa: E402
-from wc_kernels.nft_loss import nft_loss  # noqa: E402
-from wc_kernels.prefix_attention import prefix_attention  # noqa: E402
+    from wc_kernels.adapters import (
+        advantages_to_optimality,
+        diffusion_nft_loss,
+        worldcompass_nft_loss,
+    )
+    from wc_kernels.flow_noise import flow_noise
+    from wc_kernels.grpo_sde_loss import grpo_sde_loss, sde_log_prob
+    from wc_kernels.nft_loss import nft_loss
+    from wc_kernels.prefix_attention import prefix_attention
 
-__all__ = ["nft_loss", "flow_noise", "prefix_attention", "grpo_sde_loss", "sde_log_prob",
-           "diffusion_nft_loss", "worldcompass_nft_loss", "advantages_to_optimality"]
+    __all__ = ["nft_loss", "flow_noise", "prefix_attention", "grpo_sde_loss", "sde_log_prob",
+               "diffusion_nft_loss", "worldcompass_nft_loss", "advantages_to_optimality"]
+else:
+    __path__ = []  # no submodule under this name: importing one would register its ops twice
+
+    def __getattr__(name: str) -> None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}: {_NOT_THIS_NAME}",
+                             name=name)

@@ -5,8 +5,8 @@ import when it is installed) and this project's ops package ``wc_kernels`` coexi
     python tests/check_kernels_coexist.py
 
 Run it from any directory but the repository root, with the root off ``PYTHONPATH``: there
-``kernels`` is this repository's ``kernels/`` folder, which refuses to be imported under that
-name (its import name is ``wc_kernels``). Checks that ``import kernels`` gives the PyPI package,
+``kernels`` is this repository's ``kernels/`` folder, which is inert under that name (its
+import name is ``wc_kernels``). Checks that ``import kernels`` gives the PyPI package,
 that ``import wc_kernels`` works beside it and ``nft_loss`` (value and gradient) on small CPU
 tensors matches its reference, and that ``diffusers.utils.is_kernels_available()`` is true.
 Prints one line per check and exits 1 on the first failure.

@@ -1,6 +1,6 @@
-"""The ops package imports as ``wc_kernels`` only. Its source folder ``kernels/`` refuses the
-name ``kernels`` (that of a PyPI package, the hub kernel loader diffusers and transformers use):
-imported under two names, the same files would register the ``torch.library`` ops twice. And
+"""The ops package imports as ``wc_kernels`` only. Its source folder ``kernels/`` is inert under
+the name ``kernels`` (that of a PyPI package, the hub kernel loader diffusers and transformers
+use): imported under two names, the same files would register the ``torch.library`` ops twice. And
 nothing but a checkout's root on the path makes the folder importable as ``kernels``.
 (``tests/check_kernels_coexist.py``, run by ``.ci/run``, checks the PyPI package beside ours.)
 """
@@ -21,30 +21,56 @@ def _python(code: str, cwd: Path, env: dict[str, str] | None = None,
                           text=True, timeout=120)
 
 
-def test_the_folder_refuses_the_name_kernels_even_after_wc_kernels():
+def test_the_folder_is_inert_under_the_name_kernels_even_after_wc_kernels():
     """From the repository root (first on the path for ``python -c``) ``import kernels`` is the
-    folder, which raises ImportError naming wc_kernels, also once wc_kernels has registered its
-    ops; wc_kernels keeps working."""
+    folder, which imports as an inert module: every attribute lookup raises AttributeError
+    naming wc_kernels, no submodule imports (it would register its ops twice), also once
+    wc_kernels has registered its ops; wc_kernels keeps working."""
     code = ("import torch, wc_kernels\n"
             "import importlib\n"
             "for op in ('nft_loss', 'flow_noise', 'grpo_sde_loss', 'prefix_attention'):\n"
             "    importlib.import_module(f'wc_kernels.{op}.ops')\n"
+            "import kernels\n"
+            "print('version:', getattr(kernels, '__version__', 'N/A'))\n"
             "try:\n"
-            "    import kernels\n"
-            "except ImportError as exc:\n"
+            "    kernels.nft_loss\n"
+            "except AttributeError as exc:\n"
             "    print('refused:', exc)\n"
+            "try:\n"
+            "    import kernels.nft_loss.ops\n"
+            "except ModuleNotFoundError as exc:\n"
+            "    print('no submodule:', exc.name)\n"
             "x = torch.randn(3, 4)\n"
             "print(float(wc_kernels.nft_loss(x, x, x + 1, torch.rand(3), backend='reference')))\n")
     proc = _python(code, ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "version: N/A" in proc.stdout, proc.stdout
     assert "refused:" in proc.stdout and REFUSAL in proc.stdout, proc.stdout
     assert str(ROOT / "kernels") in proc.stdout, proc.stdout
+    assert "no submodule: kernels.nft_loss" in proc.stdout, proc.stdout
 
 
-def test_running_a_module_as_kernels_is_refused():
+def test_libraries_probing_for_kernels_work_from_the_root():
+    """transformers (which diffusers imports when peft is installed) probes for the PyPI
+    ``kernels`` by importing it and reading ``__version__``; from a checkout's root that finds
+    this folder, which must leave the probe saying "not available" instead of failing every
+    import of diffusers' models, and so every run started there."""
+    code = ("import importlib.util, wc_fast.train\n"
+            "from diffusers import WanTransformer3DModel\n"
+            "if importlib.util.find_spec('transformers') is not None:\n"
+            "    from transformers.utils import is_kernels_available\n"
+            "    print('transformers sees kernels:', is_kernels_available())\n"
+            "print('imported')\n")
+    proc = _python(code, ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("imported"), proc.stdout
+    assert "sees kernels: True" not in proc.stdout, proc.stdout
+
+
+def test_running_a_module_as_kernels_fails():
     proc = _python("kernels.aot", ROOT, module=True)
     assert proc.returncode != 0
-    assert "ImportError" in proc.stderr and REFUSAL in proc.stderr, proc.stderr[-3000:]
+    assert "No module named kernels.aot" in proc.stderr, proc.stderr[-3000:]
 
 
 def test_outside_the_root_kernels_is_not_this_folder(tmp_path):
