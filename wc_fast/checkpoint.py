@@ -8,6 +8,10 @@ a crash or power loss a checkpoint is complete or absent. Loading verifies the h
 (a truncated, altered or missing file raises :class:`CheckpointError` naming it) and reads
 ``state.pt`` with ``torch.load(weights_only=True)``, so a checkpoint cannot run code.
 Only the newest ``keep_last`` are kept.
+
+A checkpoint of a run that trains a few weights over frozen ones it never changes (LoRA over a
+backbone) may hold only the trained weights; its ``meta.json`` then names the frozen weights'
+source and their sha256 (a :class:`FrozenBase`), and loading it needs the same frozen weights.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +46,28 @@ _CHUNK = 1 << 20
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupt or from an incompatible configuration."""
+
+
+@dataclass(slots=True, frozen=True)
+class FrozenBase:
+    """The weights a checkpoint leaves out because the run never changes them: where they are
+    read from (``model.path``) and the sha256 of their values (:func:`weights_sha256`)."""
+
+    path: str
+    sha256: str
+
+
+def weights_sha256(weights: Mapping[str, torch.Tensor]) -> str:
+    """sha256 of named tensors: each name, dtype, shape and bytes, in name order (so it does not
+    depend on the files or the order they were loaded from). Streams one tensor at a time to
+    the CPU."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        tensor = weights[name].detach()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        data = tensor.cpu().contiguous().reshape(-1).view(torch.uint8)
+        digest.update(data.numpy())
+    return digest.hexdigest()
 
 
 @dataclass(slots=True)
@@ -107,27 +133,32 @@ def _torch_bytes(obj: object) -> bytes:
     return buffer.getvalue()
 
 
-def _write_files(directory: Path, step: int, models: dict, config: dict, state: dict) -> None:
+def _write_files(directory: Path, step: int, models: dict, config: dict, state: dict,
+                 base: FrozenBase | None) -> None:
     """Every file of checkpoint ``step`` into ``directory``, ``meta.json`` (with the others'
-    hashes) last."""
+    hashes and the frozen ``base``, if any) last."""
     files = {f"{name}.safetensors": _write_synced(directory / f"{name}.safetensors",
                                                   safetensors_bytes(_weights(model)))
              for name, model in models.items()}
     files["state.pt"] = _write_synced(directory / "state.pt",
                                       _torch_bytes({**state, "rng": rng_state()}))
     meta = {"step": step, "config": config, "models": sorted(models), "files": files}
+    if base is not None:
+        meta["base"] = asdict(base)
     _write_synced(directory / "meta.json", json.dumps(meta, indent=2).encode())
     _fsync_dir(directory)
 
 
 def save(directory: str | os.PathLike, step: int, *,
          models: dict[str, nn.Module | Mapping[str, torch.Tensor]],
-         config: dict, state: dict, keep_last: int = 2) -> Path:
+         config: dict, state: dict, keep_last: int = 2, base: FrozenBase | None = None) -> Path:
     """Write checkpoint ``step`` atomically and durably under ``directory``; prune to
     ``keep_last``.
 
     ``models`` maps a name to a module or to its already gathered weights (what
-    :func:`wc_fast.distributed.full_state_dict` returns for a sharded model). ``state`` may hold
+    :func:`wc_fast.distributed.full_state_dict` returns for a sharded model). ``base``: the
+    frozen weights the ``models`` weights leave out, when they hold only the trained ones;
+    :func:`load` then needs the same. ``state`` may hold
     only tensors and plain containers/values (it is loaded with ``weights_only=True``). A failed
     write (disk full, ...) removes the temporary directory, leaves the checkpoints of other
     steps as they were and raises :class:`CheckpointError` saying so.
@@ -138,7 +169,7 @@ def save(directory: str | os.PathLike, step: int, *,
     final = root / f"{PREFIX}{step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        _write_files(tmp, step, models, config, state)
+        _write_files(tmp, step, models, config, state, base)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -235,19 +266,38 @@ def _load_state(file: Path) -> dict:
         raise CheckpointError(f"checkpoint file {file} is corrupt: {exc}") from exc
 
 
+def _check_base(path: Path, saved: dict, base: FrozenBase | None) -> None:
+    """``ValueError`` unless ``base`` is the frozen base ``saved`` in checkpoint ``path``."""
+    if base is None:
+        raise ValueError(f"checkpoint {path} holds only the weights trained over the frozen "
+                         f"weights of {saved['path']}; load it into models built on those, "
+                         "passing their FrozenBase")
+    if base.sha256 != saved["sha256"]:
+        raise ValueError(f"checkpoint {path} was trained over frozen weights from "
+                         f"{saved['path']} with sha256 {saved['sha256']}, but the frozen "
+                         f"weights read from {base.path} have sha256 {base.sha256}: resume "
+                         "with the base weights the run started from (model.path)")
+
+
 def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
-         restore_rng: bool = True) -> Checkpoint:
+         restore_rng: bool = True, base: FrozenBase | None = None) -> Checkpoint:
     """Verify checkpoint ``path``, load weights into ``models`` in place and return the rest.
 
     Nothing is loaded into ``models`` unless every file passed its hash check and ``state.pt``
-    unpickled safely.
+    unpickled safely. A checkpoint of trained weights over a frozen base loads only with the
+    same ``base`` (the models' frozen weights, already in place): another raises
+    ``ValueError``, as does none.
     """
     path = Path(path)
     meta = verify(path)
+    saved = meta.get("base")
+    if saved is not None and models:
+        _check_base(path, saved, base)
     state = _load_state(path / "state.pt")
     try:
         for name, model in models.items():
-            load_full_state_dict(model, load_file(path / f"{name}.safetensors"))
+            load_full_state_dict(model, load_file(path / f"{name}.safetensors"),
+                                 partial=saved is not None)
     except Exception as exc:
         raise CheckpointError(f"checkpoint {path} is corrupt or incompatible: {exc}") from exc
     if restore_rng:
@@ -256,16 +306,17 @@ def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
 
 
 def load_latest_intact(directory: str | os.PathLike, *, models: dict[str, nn.Module],
-                       restore_rng: bool = True) -> Checkpoint:
+                       restore_rng: bool = True, base: FrozenBase | None = None) -> Checkpoint:
     """Load the newest checkpoint under ``directory`` that passes :func:`load`'s checks,
-    warning about each newer one skipped as damaged."""
+    warning about each newer one skipped as damaged (a frozen base that differs from ``base``
+    is no damage: its ``ValueError`` is raised)."""
     found = list_checkpoints(directory)
     if not found:
         raise _none_found(directory)
     skipped = []
     for path in reversed(found):
         try:
-            return load(path, models=models, restore_rng=restore_rng)
+            return load(path, models=models, restore_rng=restore_rng, base=base)
         except CheckpointError as exc:
             warnings.warn(f"skipping damaged checkpoint {path.name}: {exc}", stacklevel=2)
             skipped.append(str(exc))

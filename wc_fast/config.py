@@ -85,6 +85,22 @@ class ModelConfig:
     :mod:`wc_fast.models.wan_vae`) and ``context_sigma`` from here; its sizes come from
     ``path``, so ``patch``, ``dim``, ``depth``, ``heads``, ``reference_frame`` and
     ``prediction`` do not apply.
+
+    ``lora_rank``: LoRA adapters of this rank on the Wan backbone's ``lora_targets`` (0 = off;
+    needs ``peft``, ``pip install wc_fast[lora]``). The backbone's own weights are frozen and
+    RL trains the adapters and the conditioning parameters (the action layers, the timestep
+    embedder and every modulation table); checkpoints hold only those, with ``path`` and the
+    sha256 of the frozen weights, which a resumed run must match. ``lora_alpha`` scales the
+    adapters' product by ``lora_alpha / lora_rank`` (0 = the rank: scale 1). ``lora_targets``
+    are module names as peft matches them (the name or its last dotted parts): by default
+    every attention projection (``to_q``, ``to_k``, ``to_v``, ``to_out.0``, self- and
+    cross-attention) and both FFN linears of every block. The adapters' second factor starts
+    at zero, so the model starts unchanged.
+
+    ``activation_checkpointing``: keep only each transformer block's input in the forwards
+    that build a graph (the train phase's; never in the no-grad rollouts) and run the block
+    again in the backward (``torch.utils.checkpoint``, non-reentrant): activation memory of
+    one block instead of all, for one more forward per update. Same loss and gradients.
     """
 
     resolution: int = 32
@@ -102,6 +118,11 @@ class ModelConfig:
     pose_branch: bool = False
     backbone: Backbone = "tiny"
     path: str = ""
+    lora_rank: int = 0
+    lora_alpha: float = 0.0
+    lora_targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj",
+                                     "ffn.net.2")
+    activation_checkpointing: bool = False
 
 
 @dataclass(slots=True)
@@ -600,11 +621,15 @@ def _validate_backbone(cfg: Config) -> None:
     """``model.path`` is given exactly for a Wan backbone, and a Wan run uses only what is built
     for it: the pretrained backbone in fp32, no motion latents, no
     end-of-run evaluation (it evaluates the embedded model), no pose branch (the embedded
-    model's warp head)."""
+    model's warp head); LoRA only on a Wan backbone, where it decides what trains."""
     m, tr = cfg.model, cfg.train
+    _require(m.lora_rank >= 0, "model.lora_rank", "an integer >= 0 (0 = no LoRA)", m.lora_rank)
+    _require(m.lora_alpha >= 0, "model.lora_alpha", ">= 0 (0 = the rank)", m.lora_alpha)
     if m.backbone == "tiny":
         _require(not m.path, "model.path", "empty with model.backbone 'tiny' (it names the "
                  "directory of a Wan backbone)", m.path)
+        _require(m.lora_rank == 0, "model.lora_rank", "0 with model.backbone 'tiny' (LoRA "
+                 "adapts the linears of a Wan backbone)", m.lora_rank)
         return
     _require(bool(m.path), "model.path", "a local diffusers Wan directory (transformer/ and "
              "vae/) with model.backbone 'wan'", m.path)
@@ -618,6 +643,12 @@ def _validate_backbone(cfg: Config) -> None:
              m.pose_branch)
     _require(not tr.eval_at_end, "train.eval_at_end (with model.backbone wan)", "false",
              tr.eval_at_end)
+    if m.lora_rank:
+        _require(len(m.lora_targets) >= 1 and all(m.lora_targets), "model.lora_targets",
+                 "a non-empty tuple of module names (with model.lora_rank > 0)", m.lora_targets)
+        _require(cfg.optim.trainable == "all", "optim.trainable (with model.lora_rank > 0)",
+                 "'all' (LoRA trains its adapters and the conditioning parameters)",
+                 cfg.optim.trainable)
 
 
 def validate(cfg: Config) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -93,25 +94,38 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's weights as plain CPU tensors.
+def full_state_dict(model: nn.Module, keys: Collection[str] | None = None
+                    ) -> dict[str, torch.Tensor]:
+    """The whole model's weights as plain CPU tensors; with ``keys``, only those state-dict
+    entries (copied alone, unless the model is sharded).
 
     For an FSDP2 model this is a collective (every rank must call it) and only rank 0 gets the
     tensors; the others get an empty dict.
     """
     if is_sharded(model):
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                    cpu_offload=True))
-    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                       cpu_offload=True))
+        return weights if keys is None else {k: v for k, v in weights.items() if k in keys}
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+            if keys is None or k in keys}
 
 
-def load_full_state_dict(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Load whole-model weights (as :func:`full_state_dict` returns them) on every rank."""
+def load_full_state_dict(model: nn.Module, weights: dict[str, torch.Tensor], *,
+                         partial: bool = False) -> None:
+    """Load whole-model weights (as :func:`full_state_dict` returns them) on every rank.
+
+    ``partial``: ``weights`` may leave out some of the model's entries, which keep their values;
+    it may still hold none the model lacks (``RuntimeError`` naming them).
+    """
     if is_sharded(model):
-        set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
-        return
-    device = next(model.parameters()).device
-    model.load_state_dict({k: v.to(device) for k, v in weights.items()})
+        result = set_model_state_dict(model, weights, options=StateDictOptions(
+            full_state_dict=True, strict=not partial))
+    else:
+        device = next(model.parameters()).device
+        result = model.load_state_dict({k: v.to(device) for k, v in weights.items()},
+                                       strict=not partial)
+    if result.unexpected_keys:
+        raise RuntimeError(f"weights the model lacks: {sorted(result.unexpected_keys)[:8]}")
 
 
 def optimizer_state(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> object:

@@ -39,9 +39,13 @@ def ema_decay(step: int, total_steps: int, *, start: float = 0.4, end: float = 0
 
 @torch.no_grad()
 def ema_update(old: nn.Module, current: nn.Module, decay: float) -> None:
-    """``old <- decay * old + (1 - decay) * current`` for every parameter, in place, on device.
+    """``old <- decay * old + (1 - decay) * current`` for every parameter ``current`` trains,
+    in place, on device.
 
-    One ``torch._foreach_lerp_`` over all floating-point parameters; buffers are copied.
+    One ``torch._foreach_lerp_`` over the parameters that require a gradient in ``current``;
+    the frozen ones (a LoRA run's backbone, all but the conditioning with ``optim.trainable
+    conditioning``) never change, so the two models already hold them equal. Buffers are
+    copied.
     """
     if not 0.0 <= decay <= 1.0:
         raise ValueError(f"decay must lie in [0, 1], got {decay!r}")
@@ -55,7 +59,9 @@ def ema_update(old: nn.Module, current: nn.Module, decay: float) -> None:
             raise ValueError(f"parameter mismatch between old and current model: "
                              f"{tuple(a.shape)} {a.dtype} {a.device} vs "
                              f"{tuple(b.shape)} {b.dtype} {b.device}")
-    if old_params:
-        torch._foreach_lerp_(old_params, new_params, 1.0 - decay)
+    trained = [(a, b) for a, b in zip(old_params, new_params, strict=True) if b.requires_grad]
+    if trained:
+        averaged, targets = zip(*trained, strict=True)
+        torch._foreach_lerp_(list(averaged), list(targets), 1.0 - decay)
     for a, b in zip(old.buffers(), current.buffers(), strict=True):
         a.copy_(b)

@@ -24,7 +24,6 @@ from wc_fast import config as config_lib
 from wc_fast.cli import parse_run_args
 from wc_fast.distributed import (
     DistInfo,
-    full_state_dict,
     init_from_env,
     load_optimizer_state,
     optimizer_state,
@@ -55,7 +54,10 @@ from wc_fast.trainer import NumericalFaultError, Trainer
 RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last",
                      "train.eval_at_end", "train.device", "train.eval_sequences",
                      "train.eval_clips", "train.steps", "train.max_bad_updates",
-                     "train.loggers", "rollout.capture", "nft.micro_batch")
+                     "train.loggers", "rollout.capture", "nft.micro_batch",
+                     "model.activation_checkpointing")
+# model fields that are choices of a run, not properties of the weights it starts from
+RUN_CHOICES = ("dtype", "activation_checkpointing")
 
 
 def initial_model(cfg: config_lib.Config, device: torch.device) -> WorldModel:
@@ -71,14 +73,15 @@ def initial_model(cfg: config_lib.Config, device: torch.device) -> WorldModel:
     if cfg.model.pose_branch and not model.cfg.pose_branch:
         model.add_pose_branch()  # zero-initialised: the loaded model is unchanged
     # the weights are fp32 whatever dtype they were trained in: model.dtype (the autocast
-    # dtype of the matmuls) is a choice of this run, every other field must match the weights
+    # dtype of the matmuls) and activation checkpointing are choices of this run, every other
+    # field must match the weights
     diffs = [f"model.{k}: weights {v!r} vs config {getattr(cfg.model, k)!r}"
              for k, v in dataclasses.asdict(model.cfg).items()
-             if k != "dtype" and getattr(cfg.model, k) != v]
+             if k not in RUN_CHOICES and getattr(cfg.model, k) != v]
     if diffs:
         raise ValueError(f"{path} does not match the configured model ({'; '.join(diffs)}); "
                          "use a matching --model.* or --train.init random")
-    model.cfg = dataclasses.replace(model.cfg, dtype=cfg.model.dtype)
+    model.cfg = dataclasses.replace(model.cfg, **{k: getattr(cfg.model, k) for k in RUN_CHOICES})
     return model.train()
 
 
@@ -108,12 +111,12 @@ def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool,
     path = Path(cfg.train.out) / f"{checkpoint.PREFIX}{step:08d}"
     if not (is_main or trainer.sharded):
         return path
-    models = {"model": full_state_dict(trainer.model), "old": full_state_dict(trainer.old)}
+    models = trainer.checkpoint_weights()
     state = {"optimizers": optimizer_state(trainer.model, trainer.optimizers),
              "schedule_steps": trainer.schedule_steps, **tracking}
     if is_main:
         checkpoint.save(cfg.train.out, step, models=models, config=config_lib.to_dict(cfg),
-                        keep_last=cfg.train.keep_last, state=state)
+                        keep_last=cfg.train.keep_last, state=state, base=trainer.frozen_base)
     return path
 
 
@@ -137,7 +140,8 @@ def _schedule_steps(ckpt: checkpoint.Checkpoint, cfg: config_lib.Config) -> int:
 
 def _resume(trainer: Trainer, cfg: config_lib.Config) -> checkpoint.Checkpoint:
     ckpt = checkpoint.load_latest_intact(cfg.train.out,
-                                         models={"model": trainer.model, "old": trainer.old})
+                                         models={"model": trainer.model, "old": trainer.old},
+                                         base=trainer.frozen_base)
     diffs = checkpoint.config_mismatch(ckpt.config, config_lib.to_dict(cfg),
                                        ignore=RESUMABLE_CHANGES)
     if diffs:

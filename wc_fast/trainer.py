@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
+from wc_fast import checkpoint
 from wc_fast.actions import is_composite, num_primitives, split_action
 from wc_fast.config import Config, RewardConfig
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
@@ -214,6 +215,10 @@ class Trainer:
         self.ref = (copy.deepcopy(self.model).eval().requires_grad_(False)
                     if self.grpo and cfg.grpo.kl_beta > 0 else None)
         freeze_untrained(self.model, cfg.optim.trainable)
+        # the state-dict names of the weights this run trains (set before sharding, which
+        # keeps the names)
+        self.trained = frozenset(name for name, p in self.model.named_parameters()
+                                 if p.requires_grad)
         if self.sharded:
             for module in (self.model, self.old, self.ref):
                 if module is not None:
@@ -569,6 +574,24 @@ class Trainer:
         for p, g in zip(params, torch._utils._unflatten_dense_tensors(flat, grads),
                         strict=True):
             p.grad = g
+
+    def checkpoint_weights(self) -> dict[str, dict[str, Tensor]]:
+        """The current and old models' weights for a checkpoint: every weight, or for a LoRA
+        run only the trained ones (the rest is :attr:`frozen_base`). A collective under
+        FSDP2, where rank 0 gets the tensors."""
+        keys = self.trained if self.cfg.model.lora_rank else None
+        return {"model": full_state_dict(self.model, keys), "old": full_state_dict(self.old, keys)}
+
+    @functools.cached_property
+    def frozen_base(self) -> checkpoint.FrozenBase | None:
+        """What a LoRA run's checkpoints leave out: ``model.path`` and the sha256 of every
+        weight the run does not train (the backbone as loaded; hashed once). ``None`` for
+        other runs, whose checkpoints hold whole models."""
+        if not self.cfg.model.lora_rank:
+            return None
+        frozen = {k: v for k, v in self.model.state_dict().items() if k not in self.trained}
+        return checkpoint.FrozenBase(path=self.cfg.model.path,
+                                     sha256=checkpoint.weights_sha256(frozen))
 
     def unsharded_model(self) -> TinyWorldDiT | None:
         """The current model as one plain module on rank 0 (``None`` elsewhere); a collective

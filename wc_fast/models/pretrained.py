@@ -15,7 +15,7 @@ from wc_fast import checkpoint
 from wc_fast.config import ModelConfig, from_dict
 from wc_fast.models.protocol import FrameCodec, PixelFrames
 from wc_fast.models.tiny_dit import TinyWorldDiT
-from wc_fast.models.wan import WanWorldModel
+from wc_fast.models.wan import WanWorldModel, import_peft
 from wc_fast.models.wan_vae import WanLatentCodec, spatial_factor
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -38,7 +38,9 @@ def load_world_model(weights: str | Path = BASE_WEIGHTS, *, device: torch.device
                                     "`python -m wc_fast.pretrain` (it exports "
                                     "<out>/base_model.safetensors and .json)")
     card = json.loads(card_path.read_text())
-    model = TinyWorldDiT(ModelConfig(**card["model"]))
+    # JSON gives the config's tuples back as lists
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in card["model"].items()}
+    model = TinyWorldDiT(ModelConfig(**fields))
     model.load_state_dict(load_file(weights))
     return model.to(device).eval()
 
@@ -80,7 +82,11 @@ def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *
                          seed: int = 0) -> WanWorldModel:
     """The :class:`WanWorldModel` of ``cfg.path`` (its ``transformer/``, with fresh action
     layers drawn from ``seed`` whose projection is zero), on the latents of its ``vae/`` for
-    ``cfg.resolution`` pixel frames. Missing directories or files raise ``FileNotFoundError`` naming them."""
+    ``cfg.resolution`` pixel frames, with LoRA adapters when ``cfg.lora_rank > 0``. Missing
+    directories or files raise ``FileNotFoundError`` naming them, a missing ``peft``
+    ``ValueError``."""
+    if cfg.lora_rank:
+        import_peft()  # before loading a backbone that could not be adapted
     factor = spatial_factor(cfg.path)
     if cfg.resolution % factor:
         raise ValueError(f"model.resolution must be a multiple of the VAE's spatial factor "
@@ -88,7 +94,10 @@ def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *
     side = cfg.resolution // factor
     model = WanWorldModel.from_pretrained(cfg.path, clip_frames=cfg.clip_frames,
                                           latent_size=(side, side),
-                                          context_sigma=cfg.context_sigma, seed=seed)
+                                          context_sigma=cfg.context_sigma, seed=seed,
+                                          activation_checkpointing=cfg.activation_checkpointing)
+    if cfg.lora_rank:
+        model.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
     return model.to(device)
 
 

@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from wc_fast.actions import NUM_ACTIONS, label_to_bits, split_action
 from wc_fast.config import PREDICTIONS, ModelConfig
@@ -641,8 +642,13 @@ class TinyWorldDiT(nn.Module):
                 tokens = torch.cat([tokens, ref], dim=-1)
             x = self.patch_embed(tokens)
             keys, values = [], []
+            # model.activation_checkpointing: in a forward that builds a graph, each block keeps
+            # only its input and runs again in the backward
+            rerun = self.cfg.activation_checkpointing and torch.is_grad_enabled()
             for i, block in enumerate(self.blocks):
-                x, k, v = block(x, cond, rope, attend or self._prefix_attend(cache, i, x))
+                args = (x, cond, rope, attend or self._prefix_attend(cache, i, x))
+                x, k, v = (checkpoint(block, *args, use_reentrant=False) if rerun
+                           else block(*args))
                 keys.append(k)
                 values.append(v)
         return x, cond, keys, values

@@ -16,6 +16,10 @@ sample; here every frame's tokens get the modulation of their own frame (sigma a
 the blocks run through :func:`block_forward`, which reuses each diffusers block's submodules
 with the arithmetic of ``WanTransformerBlock.forward``. Text conditioning is a fixed tensor of
 prompt embeddings (no text encoder).
+
+LoRA (:meth:`WanWorldModel.add_lora`) goes through ``peft``, an optional dependency (the
+``lora`` extra). Activation checkpointing reruns each block in the backward of a forward that
+builds a graph.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from diffusers import WanTransformer3DModel
@@ -32,6 +37,7 @@ from diffusers.models.transformers.transformer_wan import WanAttention, _get_qkv
 from diffusers.utils import is_accelerate_available
 from safetensors.torch import load_file
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from wc_fast.models.clips import (
     Attend,
@@ -132,6 +138,16 @@ def block_forward(block: nn.Module, x: Tensor, context: Tensor, modulation: Tens
     return gated_residual(x, block.ffn(modulate(block.norm3, x, c_shift, c_scale)), c_gate)
 
 
+def import_peft() -> ModuleType:
+    """``peft``, or a ``ValueError`` naming ``model.lora_rank`` and the extra that installs it."""
+    try:
+        import peft
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"model.lora_rank > 0 needs peft ({exc}): pip install wc_fast[lora]"
+                         ) from exc
+    return peft
+
+
 def load_component(model_class: type[ModelMixin], folder: Path) -> ModelMixin:
     """The fp32 diffusers model of ``model_class`` saved in ``folder`` (checked by
     :func:`component_dir`), from local files only.
@@ -196,7 +212,8 @@ class WanWorldModel(nn.Module):
     cross-attends to (zeros ``[1, 1, text_dim]`` by default); ``context_sigma``: the noise
     level the clean history is seen at (``model.context_sigma`` of a run). The transformer's
     temporal patch must be 1 (each latent frame is its own token frame) and it must be
-    text-to-video (no image cross-attention).
+    text-to-video (no image cross-attention). ``activation_checkpointing``: rerun each block in
+    the backward instead of keeping its activations, in forwards that build a graph.
     """
 
     motion_latent = False
@@ -204,7 +221,7 @@ class WanWorldModel(nn.Module):
     def __init__(self, transformer: WanTransformer3DModel, *, clip_frames: int,
                  latent_size: tuple[int, int], prompt_embeds: Tensor | None = None,
                  context_sigma: float = 0.0, attention_backend: str = "auto",
-                 seed: int = 0) -> None:
+                 seed: int = 0, activation_checkpointing: bool = False) -> None:
         super().__init__()
         cfg = transformer.config
         p_t, p_h, p_w = cfg.patch_size
@@ -223,6 +240,7 @@ class WanWorldModel(nn.Module):
         self.grid = (height // p_h, width // p_w)
         self.tokens_per_frame = self.grid[0] * self.grid[1]
         self.attention_backend = attention_backend
+        self.activation_checkpointing = activation_checkpointing
         param = transformer.patch_embedding.weight
         dim = cfg.num_attention_heads * cfg.attention_head_dim
         if prompt_embeds is None:
@@ -250,23 +268,53 @@ class WanWorldModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, *, clip_frames: int, latent_size: tuple[int, int],
                         prompt_embeds: Tensor | None = None, context_sigma: float = 0.0,
-                        attention_backend: str = "auto", seed: int = 0) -> WanWorldModel:
+                        attention_backend: str = "auto", seed: int = 0,
+                        activation_checkpointing: bool = False) -> WanWorldModel:
         """The fp32 backbone from a local diffusers directory (see :func:`transformer_dir`),
         with fresh action layers drawn from ``seed`` (their projection is zero: the backbone's
         predictions unchanged). Nothing is downloaded; cast with ``.to(dtype)`` afterwards."""
         transformer = load_component(WanTransformer3DModel, transformer_dir(path))
         return cls(transformer, clip_frames=clip_frames, latent_size=latent_size,
                    prompt_embeds=prompt_embeds, context_sigma=context_sigma,
-                   attention_backend=attention_backend, seed=seed)
+                   attention_backend=attention_backend, seed=seed,
+                   activation_checkpointing=activation_checkpointing)
+
+    def add_lora(self, rank: int, alpha: float, targets: tuple[str, ...]) -> None:
+        """LoRA adapters of ``rank`` on the transformer's linears named by ``targets`` (peft's
+        ``target_modules``), scaled by ``alpha / rank`` (``alpha`` 0: the rank); then only the
+        adapters and :meth:`conditioning_parameters` require a gradient.
+
+        peft starts each adapter's second factor at zero, so the predictions are unchanged. A
+        target that names no linear layer raises ``ValueError`` naming ``model.lora_targets``.
+        """
+        peft = import_peft()
+        names = [name for name, m in self.transformer.named_modules()
+                 if isinstance(m, nn.Linear)]
+        missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+        if missing:
+            raise ValueError(f"model.lora_targets {missing} name no linear layer of the "
+                             f"transformer (its linears include {names[:8]})")
+        config = peft.LoraConfig(r=rank, lora_alpha=alpha or rank, target_modules=list(targets))
+        peft.inject_adapter_in_model(config, self.transformer)
+        self.requires_grad_(False)
+        for p in (*self.lora_parameters(), *self.conditioning_parameters()):
+            p.requires_grad_(True)
+
+    def lora_parameters(self) -> list[nn.Parameter]:
+        """Both factors of every LoRA adapter (none without :meth:`add_lora`)."""
+        return [p for m in self.transformer.modules() if hasattr(m, "lora_A")
+                for factors in (m.lora_A, m.lora_B) for p in factors.parameters()]
 
     # -- what the trainer needs ----------------------------------------------------------------
 
     def hidden_matrices(self) -> list[nn.Parameter]:
         """The 2-D weights of the transformer blocks' attention and FFN linears: the ones Muon
         orthogonalises. The patch embedding, the condition embedders, the action layers and
-        the output projection are not."""
+        the output projection are not, nor are LoRA factors (AdamW trains them, as peft's
+        recipes do: Muon's orthogonal update is meant for a whole weight matrix)."""
+        lora = {id(p) for p in self.lora_parameters()}
         return [m.weight for block in self.transformer.blocks for m in block.modules()
-                if isinstance(m, nn.Linear)]
+                if isinstance(m, nn.Linear) and id(m.weight) not in lora]
 
     def shard_units(self) -> list[nn.Module]:
         """The submodules FSDP2 shards as units of their own: every block's self-attention,
@@ -447,14 +495,19 @@ class WanWorldModel(nn.Module):
 
         Returns the last block's tokens ``[B, F*h*w, D]``, the per-frame timestep embedding
         ``[B, F, D]`` and every layer's position-encoded keys and values ``[B, H, F*h*w, Dh]``.
+        With activation checkpointing and gradients on, each block keeps only its input and
+        runs again in the backward (its keys and values are recomputed with it).
         """
         rope = self._rope(positions)
         temb, modulation, context = self._conditioning(sigma, actions)
         x = self._embed(frames)
         keys, values = [], []
+        rerun = self.activation_checkpointing and torch.is_grad_enabled()
         for i, block in enumerate(self.transformer.blocks):
             layer = LayerAttention(attend_for(i))
-            x = block_forward(block, x, context, modulation, rope, layer)
+            args = (block, x, context, modulation, rope, layer)
+            x = (checkpoint(block_forward, *args, use_reentrant=False) if rerun
+                 else block_forward(*args))
             keys.append(layer.keys)
             values.append(layer.values)
         return x, temb, keys, values
