@@ -14,8 +14,9 @@ import sys
 
 import pytest
 import torch
+from gloo_ranks import spawn_ranks
 from safetensors.torch import load_file
-from test_train import _assert_same, _final_weights
+from test_train import _assert_same, _final_weights, _rank
 from test_wan_training import tiny_transformer, tiny_vae, wan_args, wan_config
 from test_wan_world_model import CLIP, latents, tiny_model, with_action_weights
 
@@ -146,6 +147,21 @@ def test_lora_checkpoints_hold_the_trained_weights_and_resume_exactly(wan_dir, t
 
 
 @needs_peft
+def test_two_gloo_ranks_train_the_adapters_as_one_process(wan_dir, tmp_path):
+    """The adapters' first factors are drawn from train.seed, so both ranks and the one
+    process start from the same adapters."""
+    common = ["--steps", "2", "--reward.std", "global", "--rollout.capture", "eager",
+              "--model.lora_rank", "4"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert train.main(wan_args(wan_dir, one, *common, "--rollout.groups_per_rank", "2")) == 0
+    spawn_ranks(_rank, (wan_args(wan_dir, two, *common, "--rollout.groups_per_rank", "1",
+                                 "--train.distributed", "ddp"),), tmp_path)
+    _assert_same(_final_weights(one), _final_weights(two), atol=5e-5)
+    _assert_same(load_file(checkpoint.latest(one) / "old.safetensors"),
+                 load_file(checkpoint.latest(two) / "old.safetensors"), atol=5e-5)
+
+
+@needs_peft
 def test_resume_refuses_other_base_weights(wan_dir, tmp_path, quick_runs):
     base = tmp_path / "wan"
     shutil.copytree(wan_dir, base)
@@ -248,6 +264,8 @@ def test_activation_checkpointing_of_the_embedded_model(monkeypatch):
     ({"model.backbone": "wan", **LORA, "model.lora_targets": ""}, "model.lora_targets"),
     ({"model.backbone": "wan", **LORA, "optim.trainable": "conditioning"},
      r"optim.trainable \(with model.lora_rank"),
+    ({"model.backbone": "wan", **LORA, "train.distributed": "fsdp2"},
+     r"train.distributed \(with model.lora_rank"),
 ])
 def test_lora_fields_are_checked(overrides, match):
     cfg = config_lib.preset("smoke")

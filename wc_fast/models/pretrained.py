@@ -97,7 +97,7 @@ def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *
                                           context_sigma=cfg.context_sigma, seed=seed,
                                           activation_checkpointing=cfg.activation_checkpointing)
     if cfg.lora_rank:
-        model.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets)
+        model.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, seed=seed)
     return model.to(device)
 
 

@@ -279,13 +279,16 @@ class WanWorldModel(nn.Module):
                    attention_backend=attention_backend, seed=seed,
                    activation_checkpointing=activation_checkpointing)
 
-    def add_lora(self, rank: int, alpha: float, targets: tuple[str, ...]) -> None:
+    def add_lora(self, rank: int, alpha: float, targets: tuple[str, ...], *,
+                 seed: int = 0) -> None:
         """LoRA adapters of ``rank`` on the transformer's linears named by ``targets`` (peft's
         ``target_modules``), scaled by ``alpha / rank`` (``alpha`` 0: the rank); then only the
         adapters and :meth:`conditioning_parameters` require a gradient.
 
-        peft starts each adapter's second factor at zero, so the predictions are unchanged. A
-        target that names no linear layer raises ``ValueError`` naming ``model.lora_targets``.
+        peft starts each adapter's second factor at zero, so the predictions are unchanged, and
+        draws the first from the global generator, here seeded with ``seed`` (and restored
+        afterwards) so that every process and every run builds the same adapters. A target that
+        names no linear layer raises ``ValueError`` naming ``model.lora_targets``.
         """
         peft = import_peft()
         names = [name for name, m in self.transformer.named_modules()
@@ -295,7 +298,9 @@ class WanWorldModel(nn.Module):
             raise ValueError(f"model.lora_targets {missing} name no linear layer of the "
                              f"transformer (its linears include {names[:8]})")
         config = peft.LoraConfig(r=rank, lora_alpha=alpha or rank, target_modules=list(targets))
-        peft.inject_adapter_in_model(config, self.transformer)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            peft.inject_adapter_in_model(config, self.transformer)
         self.requires_grad_(False)
         for p in (*self.lora_parameters(), *self.conditioning_parameters()):
             p.requires_grad_(True)
