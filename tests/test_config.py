@@ -38,8 +38,22 @@ def test_official_preset_values():
 
 @pytest.mark.parametrize("name", C.PRESETS)
 def test_presets_validate_and_round_trip(name):
-    cfg = C.preset(name)
+    if name in C.NEEDS_MODEL_PATH:
+        cfg = C.build_preset(name)
+        cfg.model.path = "/models/Wan2.1-T2V-1.3B-Diffusers"
+        C.validate(cfg)
+    else:
+        cfg = C.preset(name)
     assert C.from_dict(json.loads(json.dumps(C.to_dict(cfg)))) == cfg
+
+
+@pytest.mark.parametrize("name", C.NEEDS_MODEL_PATH)
+def test_wan_presets_name_the_missing_model_path(name):
+    with pytest.raises(ValueError, match="model.path"):
+        C.preset(name)
+    cfg = C.build_preset(name)
+    assert (cfg.model.backbone, cfg.model.dtype, cfg.train.init) == ("wan", "bfloat16", "base")
+    assert cfg.model.activation_checkpointing and cfg.nft.micro_batch >= 1
 
 
 def test_presets_are_independent_objects():

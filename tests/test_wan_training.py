@@ -4,6 +4,8 @@ on ``model.path``."""
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 
 import pytest
@@ -97,6 +99,17 @@ def test_rl_iterations_train_the_wan_model_and_resume_exactly(wan_dir, tmp_path)
     shutil.rmtree(checkpoint.latest(tmp_path))
     assert main([*args, "--resume"]) == 0
     _assert_same(uninterrupted, _final_weights(tmp_path))
+
+
+def test_wan_smoke_preset_runs_with_only_the_model_path(wan_dir, tmp_path):
+    assert main(["--preset", "wan_smoke", "--model.path", wan_dir, "--out", str(tmp_path)]) == 0
+    ckpt = checkpoint.latest(tmp_path)
+    assert ckpt.name == "step_00000002"
+    saved = config_lib.from_dict(json.loads((ckpt / "meta.json").read_text())["config"])
+    assert (saved.preset, saved.model.dtype, saved.model.activation_checkpointing) == (
+        "wan_smoke", "bfloat16", True)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])

@@ -117,6 +117,29 @@ def test_actions_change_velocity_only_once_trained():
     assert (moved - model.velocity(x, sigma, torch.tensor([0, 0]), cache)).abs().max() > 1e-3
 
 
+@torch.no_grad()
+def test_bf16_autocast_runs_the_blocks_in_bf16_and_stays_close_to_fp32():
+    fp32 = with_action_weights(tiny_model())
+    bf16 = copy.deepcopy(fp32)
+    bf16.autocast_dtype = torch.bfloat16
+    frames, actions = latents(1, 1 + CLIP), torch.tensor([[0, 9, 41]])
+    x, sigma = latents(2, CLIP, seed=4), torch.tensor([0.7, 0.3])
+    caches = [m.extend_cache(m.empty_cache(), frames, actions, sigma=0.05) for m in (fp32, bf16)]
+    assert caches[0].keys[0].dtype == torch.float32 and caches[1].keys[0].dtype == torch.bfloat16
+    want = fp32.velocity(x, sigma, torch.tensor([41, 3]), caches[0])
+    got = bf16.velocity(x, sigma, torch.tensor([41, 3]), caches[1])
+    assert got.dtype == torch.float32 and bf16.transformer.proj_out.weight.dtype == torch.float32
+    # bf16 matmuls: a few bf16 ulps (2^-8) of the output's scale, not equal
+    error = (got - want).abs().max() / want.abs().max()
+    assert 0 < error < 0.05
+
+
+def test_autocast_dtype_must_be_a_float_dtype():
+    with pytest.raises(ValueError, match="autocast_dtype"):
+        WanWorldModel(tiny_transformer(), clip_frames=CLIP, latent_size=LATENT,
+                      autocast_dtype=torch.int8)
+
+
 def test_action_projection_gets_a_gradient_at_zero_init():
     model = tiny_model()
     v = model.velocity(latents(1, CLIP), torch.tensor([0.5]), torch.tensor([9, 41]),

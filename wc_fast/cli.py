@@ -40,7 +40,7 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in --out")
     args, rest = parser.parse_known_args(argv)
-    cfg = config_lib.preset(args.preset or default_preset())
+    cfg = config_lib.build_preset(args.preset or default_preset())
     overrides = _pairs(parser, rest)
     if args.out is not None:
         overrides.append((out_field, args.out))

@@ -16,7 +16,7 @@ from typing import Literal
 
 from wc_kernels.nft_loss import SPACES
 
-PRESETS = ("paper", "official", "cpu", "smoke")
+PRESETS = ("paper", "official", "cpu", "smoke", "wan", "wan_smoke")
 LOGGERS = ("jsonl", "tensorboard", "wandb")  # metric sinks of wc_fast.train
 
 # The choices of every string field: the one definition, read by validate() and by the
@@ -96,6 +96,9 @@ class ModelConfig:
     every attention projection (``to_q``, ``to_k``, ``to_v``, ``to_out.0``, self- and
     cross-attention) and both FFN linears of every block. The adapters' second factor starts
     at zero, so the model starts unchanged. LoRA runs on one process or DDP, not FSDP2.
+
+    ``dtype``: the dtype the model's matmuls and attention run in (``torch.autocast``; bf16 on
+    a GPU); the weights, the optimizer state and the loss stay fp32 whatever it is.
 
     ``activation_checkpointing``: keep only each transformer block's input in the forwards
     that build a graph (the train phase's; never in the no-grad rollouts) and run the block
@@ -452,14 +455,60 @@ def _smoke() -> Config:
     return cfg
 
 
-_BUILDERS = {"paper": _paper, "official": _official, "cpu": _cpu, "smoke": _smoke}
+def _wan() -> Config:
+    # the paper's recipe on a Wan2.1-T2V-1.3B-class backbone on one 80 GB GPU, at a WorldPlay
+    # chunk: 4 latent frames per clip (16 video frames in WorldPlay, whose VAE compresses time
+    # 4x; here each latent frame is one frame of the world), 480 x 480 frames (60 x 60
+    # latents, 900 tokens per frame), 12 candidates, 40 sampler steps; bf16 matmuls over fp32
+    # weights, every block rerun in the backward, the 120 noisy clips of an update in
+    # micro-batches of 8. model.path (the local diffusers directory) is the user's
+    cfg = Config(preset="wan")
+    cfg.model.backbone = "wan"
+    cfg.model.resolution = 480
+    cfg.model.dtype = "bfloat16"
+    cfg.model.activation_checkpointing = True
+    cfg.rollout.group_size = 12
+    cfg.nft.micro_batch = 8
+    cfg.train.init = "base"
+    cfg.train.eval_at_end = False
+    return cfg
+
+
+def _wan_smoke() -> Config:
+    # the wan preset's path at a size that runs in a minute: 128 x 128 frames, clips of 2
+    # latent frames, groups of 4, 4 sampler steps, 2 clips, 2 iterations
+    cfg = _wan()
+    cfg.preset = "wan_smoke"
+    cfg.model.resolution = 128
+    cfg.model.clip_frames = 2
+    cfg.rollout.group_size = 4
+    cfg.rollout.num_clips = 2
+    cfg.rollout.steps = 4
+    cfg.nft.keep = 2
+    cfg.nft.micro_batch = 4
+    cfg.train.steps = 2
+    cfg.train.ckpt_every = 1
+    return cfg
+
+
+_BUILDERS = {"paper": _paper, "official": _official, "cpu": _cpu, "smoke": _smoke,
+             "wan": _wan, "wan_smoke": _wan_smoke}
+# presets whose model.path the user gives: they validate once it is set
+NEEDS_MODEL_PATH = ("wan", "wan_smoke")
+
+
+def build_preset(name: str) -> Config:
+    """A fresh config for preset ``name``, not yet validated: the command line sets its fields
+    (``model.path`` of the ``wan`` presets) before :func:`validate`."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown preset {name!r}; expected one of {PRESETS}")
+    return _BUILDERS[name]()
 
 
 def preset(name: str) -> Config:
-    """A fresh, validated config for preset ``name``."""
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown preset {name!r}; expected one of {PRESETS}")
-    cfg = _BUILDERS[name]()
+    """A fresh, validated config for preset ``name`` (the ``wan`` presets raise
+    ``ValueError`` naming ``model.path`` until it is set: use :func:`build_preset`)."""
+    cfg = build_preset(name)
     validate(cfg)
     return cfg
 
@@ -619,7 +668,7 @@ def _validate_decouple(cfg: Config) -> None:
 
 def _validate_backbone(cfg: Config) -> None:
     """``model.path`` is given exactly for a Wan backbone, and a Wan run uses only what is built
-    for it: the pretrained backbone in fp32, no motion latents, no
+    for it: the pretrained backbone (fp32 weights), no motion latents, no
     end-of-run evaluation (it evaluates the embedded model), no pose branch (the embedded
     model's warp head); LoRA only on a Wan backbone, where it decides what trains."""
     m, tr = cfg.model, cfg.train
@@ -635,8 +684,6 @@ def _validate_backbone(cfg: Config) -> None:
              "vae/) with model.backbone 'wan'", m.path)
     _require(tr.init == "base", "train.init (with model.backbone wan)", "'base' (the backbone "
              "in model.path, with zero-initialised action layers)", tr.init)
-    _require(m.dtype == "float32", "model.dtype (with model.backbone wan)", "'float32'",
-             m.dtype)
     _require(not m.motion_latent, "model.motion_latent (with model.backbone wan)", "false",
              m.motion_latent)
     _require(not m.pose_branch, "model.pose_branch (with model.backbone wan)", "false",

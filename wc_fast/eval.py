@@ -236,7 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(default: the shipped base model)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--grid", default=None, help="write a rollout grid PNG here")
-    parser.add_argument("--preset", default="cpu", choices=config_lib.PRESETS,
+    parser.add_argument("--preset", default="cpu",
+                        choices=[p for p in config_lib.PRESETS
+                                 if p not in config_lib.NEEDS_MODEL_PATH],
                         help="preset whose sampler steps and label thresholds to use")
     parser.add_argument("--sequences", type=int, default=16, help="sequences per set")
     parser.add_argument("--clips", type=int, default=6, help="clips per sequence")

@@ -14,7 +14,7 @@ from torch.optim.swa_utils import AveragedModel
 from wc_fast import checkpoint
 from wc_fast.config import ModelConfig, from_dict
 from wc_fast.models.protocol import FrameCodec, PixelFrames
-from wc_fast.models.tiny_dit import TinyWorldDiT
+from wc_fast.models.tiny_dit import DTYPES, TinyWorldDiT
 from wc_fast.models.wan import WanWorldModel, import_peft
 from wc_fast.models.wan_vae import WanLatentCodec, spatial_factor
 
@@ -95,7 +95,8 @@ def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *
     model = WanWorldModel.from_pretrained(cfg.path, clip_frames=cfg.clip_frames,
                                           latent_size=(side, side),
                                           context_sigma=cfg.context_sigma, seed=seed,
-                                          activation_checkpointing=cfg.activation_checkpointing)
+                                          activation_checkpointing=cfg.activation_checkpointing,
+                                          autocast_dtype=DTYPES[cfg.dtype])
     if cfg.lora_rank:
         model.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, seed=seed)
     return model.to(device)

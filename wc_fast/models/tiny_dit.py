@@ -41,7 +41,7 @@ PROMPT_ACTION = NUM_ACTIONS  # embedding id of the first (prompt) frame, which h
 X0_MIN_SIGMA = 0.05
 POSE_GAIN = 40.0  # pixels of affine flow at the image edge per unit of pose-branch weight
 GELU_TANH_SCALE = 2 * math.sqrt(2 / math.pi)
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def sigma_embedding(sigma: Tensor, dim: int = 256) -> Tensor:
@@ -391,7 +391,7 @@ class TinyWorldDiT(nn.Module):
         return x.reshape(b, frames, c, g * p, g * p)
 
     def _autocast(self, device: torch.device):
-        dtype = _DTYPES[self.cfg.dtype]
+        dtype = DTYPES[self.cfg.dtype]
         return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
     def velocity_flops(self, batch: int, prefix_tokens: int) -> float:

@@ -97,8 +97,11 @@ class PrefixAttnProcessor:
             raise ValueError("PrefixAttnProcessor is for self-attention with RoPE tables; the "
                              "mask is the caller's attend")
         query, key, value = _get_qkv_projections(attn, hidden_states, None)
-        query = rotate(attn.norm_q(query).unflatten(2, (attn.heads, -1)), *rotary_emb)
-        key = rotate(attn.norm_k(key).unflatten(2, (attn.heads, -1)), *rotary_emb)
+        # the RMS norms in their weights' dtype (fp32 weights under bf16 autocast)
+        query = attn.norm_q(query.to(attn.norm_q.weight.dtype)).type_as(query)
+        key = attn.norm_k(key.to(attn.norm_k.weight.dtype)).type_as(key)
+        query = rotate(query.unflatten(2, (attn.heads, -1)), *rotary_emb)
+        key = rotate(key.unflatten(2, (attn.heads, -1)), *rotary_emb)
         value = value.unflatten(2, (attn.heads, -1))
         out = attend(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
         out = out.transpose(1, 2).flatten(2, 3).type_as(query)
@@ -214,6 +217,9 @@ class WanWorldModel(nn.Module):
     temporal patch must be 1 (each latent frame is its own token frame) and it must be
     text-to-video (no image cross-attention). ``activation_checkpointing``: rerun each block in
     the backward instead of keeping its activations, in forwards that build a graph.
+    ``autocast_dtype``: the dtype the blocks' matmuls and attention run in (``torch.autocast``;
+    bf16 on a GPU), with the weights, the modulation arithmetic and the outputs in fp32; the
+    history cache then holds keys and values in that dtype.
     """
 
     motion_latent = False
@@ -221,7 +227,8 @@ class WanWorldModel(nn.Module):
     def __init__(self, transformer: WanTransformer3DModel, *, clip_frames: int,
                  latent_size: tuple[int, int], prompt_embeds: Tensor | None = None,
                  context_sigma: float = 0.0, attention_backend: str = "auto",
-                 seed: int = 0, activation_checkpointing: bool = False) -> None:
+                 seed: int = 0, activation_checkpointing: bool = False,
+                 autocast_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         cfg = transformer.config
         p_t, p_h, p_w = cfg.patch_size
@@ -241,6 +248,10 @@ class WanWorldModel(nn.Module):
         self.tokens_per_frame = self.grid[0] * self.grid[1]
         self.attention_backend = attention_backend
         self.activation_checkpointing = activation_checkpointing
+        if autocast_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"autocast_dtype must be float32, bfloat16 or float16, got "
+                             f"{autocast_dtype}")
+        self.autocast_dtype = autocast_dtype
         param = transformer.patch_embedding.weight
         dim = cfg.num_attention_heads * cfg.attention_head_dim
         if prompt_embeds is None:
@@ -269,7 +280,8 @@ class WanWorldModel(nn.Module):
     def from_pretrained(cls, path: str | Path, *, clip_frames: int, latent_size: tuple[int, int],
                         prompt_embeds: Tensor | None = None, context_sigma: float = 0.0,
                         attention_backend: str = "auto", seed: int = 0,
-                        activation_checkpointing: bool = False) -> WanWorldModel:
+                        activation_checkpointing: bool = False,
+                        autocast_dtype: torch.dtype = torch.float32) -> WanWorldModel:
         """The fp32 backbone from a local diffusers directory (see :func:`transformer_dir`),
         with fresh action layers drawn from ``seed`` (their projection is zero: the backbone's
         predictions unchanged). Nothing is downloaded; cast with ``.to(dtype)`` afterwards."""
@@ -277,7 +289,8 @@ class WanWorldModel(nn.Module):
         return cls(transformer, clip_frames=clip_frames, latent_size=latent_size,
                    prompt_embeds=prompt_embeds, context_sigma=context_sigma,
                    attention_backend=attention_backend, seed=seed,
-                   activation_checkpointing=activation_checkpointing)
+                   activation_checkpointing=activation_checkpointing,
+                   autocast_dtype=autocast_dtype)
 
     def add_lora(self, rank: int, alpha: float, targets: tuple[str, ...], *,
                  seed: int = 0) -> None:
@@ -438,6 +451,11 @@ class WanWorldModel(nn.Module):
     def _compute_dtype(self) -> torch.dtype:
         return compute_dtype(self.transformer.patch_embedding.weight.dtype)
 
+    def _autocast(self, device: torch.device):
+        """``torch.autocast`` to ``autocast_dtype`` on ``device`` (off for fp32)."""
+        dtype = self.autocast_dtype
+        return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
     def _conditioning(self, sigma: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Per-frame ``sigma``, ``actions`` ``[B, F]`` -> the timestep embedding with the action
         added ``[B, F, D]``, its modulation ``[B, F, 6, D]`` and the text tokens ``[B, L, D]``.
@@ -505,16 +523,18 @@ class WanWorldModel(nn.Module):
         """
         rope = self._rope(positions)
         temb, modulation, context = self._conditioning(sigma, actions)
-        x = self._embed(frames)
         keys, values = [], []
         rerun = self.activation_checkpointing and torch.is_grad_enabled()
-        for i, block in enumerate(self.transformer.blocks):
-            layer = LayerAttention(attend_for(i))
-            args = (block, x, context, modulation, rope, layer)
-            x = (checkpoint(block_forward, *args, use_reentrant=False) if rerun
-                 else block_forward(*args))
-            keys.append(layer.keys)
-            values.append(layer.values)
+        with self._autocast(frames.device):
+            # the residual stream stays in the weights' dtype; autocast casts each matmul's input
+            x = self._embed(frames).to(self.transformer.patch_embedding.weight.dtype)
+            for i, block in enumerate(self.transformer.blocks):
+                layer = LayerAttention(attend_for(i))
+                args = (block, x, context, modulation, rope, layer)
+                x = (checkpoint(block_forward, *args, use_reentrant=False) if rerun
+                     else block_forward(*args))
+                keys.append(layer.keys)
+                values.append(layer.values)
         return x, temb, keys, values
 
     def _head(self, x: Tensor, temb: Tensor, first: int = 0) -> Tensor:
@@ -523,8 +543,10 @@ class WanWorldModel(nn.Module):
         H, W]`` in the accumulation dtype."""
         tr = self.transformer
         shift, scale = (tr.scale_shift_table.unsqueeze(0) + temb[:, first:].unsqueeze(2)).unbind(2)
-        h = modulate(tr.norm_out, x[:, first * self.tokens_per_frame:], shift, scale)
-        return self._unpatchify(tr.proj_out(h), temb.shape[1] - first).to(self._compute_dtype)
+        with self._autocast(x.device):
+            h = modulate(tr.norm_out, x[:, first * self.tokens_per_frame:], shift, scale)
+            out = tr.proj_out(h)
+        return self._unpatchify(out, temb.shape[1] - first).to(self._compute_dtype)
 
     def _prefix_attend(self, cache: ContextCache, layer: int) -> Attend:
         """Attention of the rows' own tokens plus layer ``layer``'s shared history."""
