@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU check in under 8 minutes on one H200; installs nothing, needs no network.
+# The whole GPU check in under 10 minutes on one H200; installs nothing, needs no network.
 #
 #   bash bench/gpu_check.sh [OUT_DIR]        (default OUT_DIR: runs/gpu_check)
 #
@@ -16,17 +16,19 @@
 # 2. shared-prefix attention benchmarks              -> OUT_DIR/bench_attention.json
 # 3. the GPU-marked tests: pytest -m gpu tests/       -> OUT_DIR/gpu_tests.xml
 # 4. one RL iteration, ours vs official-style         -> OUT_DIR/rl_iteration.json
-# 5. model-level benchmarks (shared prefix, sampler)  -> OUT_DIR/bench_model.json
-# 6. a short table of all of the above (bench/summarize.py) -> OUT_DIR/summary.txt
-# Everything printed also goes to OUT_DIR/gpu_check.log: at most 7 files, none in a subfolder.
+# 5. one RL iteration of a Wan2.1-1.3B-shaped model with random weights, with and without
+#    LoRA and activation checkpointing              -> OUT_DIR/wan_iteration.json
+# 6. model-level benchmarks (shared prefix, sampler)  -> OUT_DIR/bench_model.json
+# 7. a short table of all of the above (bench/summarize.py) -> OUT_DIR/summary.txt
+# Everything printed also goes to OUT_DIR/gpu_check.log: at most 8 files, none in a subfolder.
 # The exit status is non-zero if any step failed or ran out of time.
 #
 # GPU_CHECK_DRY_RUN=1 checks the script without a GPU: the tests run (every GPU test skips),
 # the benchmark files are only collected (imported), and the RL iteration runs the smoke
 # preset on the CPU; the output folder must then hold the same files as on the GPU.
-# GPU_CHECK_SKIP_RL=1 leaves out step 4 (the test suite's dry run does: the smoke preset
-# alone takes minutes on a busy 2-core machine and has its own test), GPU_CHECK_BUDGET_S
-# sets the time budget (default 450 s).
+# GPU_CHECK_SKIP_RL=1 leaves out steps 4 and 5 (the test suite's dry run does: they take
+# minutes on a busy 2-core machine and have their own tests), GPU_CHECK_BUDGET_S sets the
+# time budget (default 570 s).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -36,7 +38,7 @@ mkdir -p "$out" || exit 1
 out=$(cd "$out" && pwd)
 py="${PYTHON:-python3}"
 dry_run="${GPU_CHECK_DRY_RUN:-0}"
-budget_s="${GPU_CHECK_BUDGET_S:-450}"
+budget_s="${GPU_CHECK_BUDGET_S:-570}"
 max_files=8
 
 links=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || exit 1
@@ -134,12 +136,18 @@ EOF
     if [[ "$dry_run" == 1 ]]; then
         rl=("$py" bench/rl_iteration.py --preset smoke --device cpu)
     fi
+    local wan=("$py" bench/wan_iteration.py --shape wan2.1-1.3b)
+    if [[ "$dry_run" == 1 ]]; then
+        wan=("$py" bench/wan_iteration.py --shape tiny --device cpu --resolution 64
+             --clip-frames 2 --group-size 4 --steps 2 --variants full,lora+checkpointing)
+    fi
     local results=("$out/bench_kernels.json" "$out/bench_attention.json" "$out/gpu_tests.xml")
     if [[ "${GPU_CHECK_SKIP_RL:-0}" == 1 ]]; then
-        echo "=== gpu_check: RL iteration skipped (GPU_CHECK_SKIP_RL=1)"
+        echo "=== gpu_check: RL iterations skipped (GPU_CHECK_SKIP_RL=1)"
     else
         run_step 100 "RL iteration" "${rl[@]}" --json "$out/rl_iteration.json"
-        results+=("$out/rl_iteration.json")
+        run_step 120 "Wan iteration" "${wan[@]}" --json "$out/wan_iteration.json"
+        results+=("$out/rl_iteration.json" "$out/wan_iteration.json")
     fi
     run_step "$budget_s" "model benchmarks" "${bench[@]}" bench/test_bench_prefix.py \
         bench/test_bench_sampler.py --benchmark-json="$out/bench_model.json"

@@ -1,7 +1,7 @@
 """Print a short table from pytest-benchmark JSON files and pytest JUnit XML reports.
 
-Usage: ``python bench/summarize.py FILE...`` (``.json``: benchmark results or
-``bench/rl_iteration.py``'s result, ``.xml``: test results). Benchmarks are listed by group with
+Usage: ``python bench/summarize.py FILE...`` (``.json``: benchmark results,
+``bench/rl_iteration.py``'s or ``bench/wan_iteration.py``'s result, ``.xml``: test results). Benchmarks are listed by group with
 their median time per round and the ``extra_info`` figures; test reports as pass/fail/skip
 counts plus the failing tests' names; an RL iteration as both sides' times, the speedup and the
 train phase's share of the matmul rate. Missing or unreadable files are reported, not fatal:
@@ -42,6 +42,23 @@ def rl_iteration_summary(path: Path, data: dict) -> list[str]:
             f"{100 * data['flop_fraction']:.0f}% of a large matmul's "
             f"{_flops(data['matmul_flops_per_s'])}; MFU ({data['compute_dtype']}) "
             f"{100 * data['mfu']:.0f}%"]
+
+
+def wan_iteration_summary(path: Path, data: dict) -> list[str]:
+    """``bench/wan_iteration.py --json``: per-variant phase seconds, peak memory and MFU."""
+    lines = [f"{path.name}: {data['shape']} on {data['device_name']}, {data['resolution']}px, "
+             f"{data['clip_frames']} latent frames per clip, G={data['group_size']}, "
+             f"{data['steps']} steps; {data['matmul_dtype']} matmul "
+             f"{_flops(data['matmul_flops_per_s'])}"]
+    for row in data["variants"]:
+        p = row["phases_s"]
+        peak = f"{row['peak_mib'] / 1024:.1f} GiB" if row["peak_mib"] is not None else "-"
+        spec = f", {100 * row['mfu_spec']:.0f}% of spec" if row["mfu_spec"] is not None else ""
+        lines.append(f"  {row['variant']}: rollout {p['rollout']:.2f} s, reward "
+                     f"{p['reward']:.2f} s, train {p['train']:.2f} s, peak {peak}, train "
+                     f"{_flops(row['train_flops_per_s'])} = {100 * row['mfu_measured']:.0f}% "
+                     f"of the matmul{spec}")
+    return lines
 
 
 def _flops(rate: float) -> str:
@@ -91,6 +108,8 @@ def main(paths: list[str]) -> int:
                 continue
             if "speedup" in data:
                 print("\n".join(rl_iteration_summary(path, data)))
+            elif "variants" in data:
+                print("\n".join(wan_iteration_summary(path, data)))
             else:
                 rows += benchmark_rows(data)
     if rows:

@@ -34,6 +34,28 @@ def test_rl_iteration_writes_both_sides_phase_times_and_flop_rates(tmp_path, dty
         assert result["mfu"] == result["flop_fraction"]
 
 
+def test_wan_iteration_reports_each_variant_and_what_it_trains(tmp_path):
+    out = tmp_path / "wan.json"
+    assert _load("wan_iteration").main([
+        "--shape", "tiny", "--device", "cpu", "--resolution", "64", "--clip-frames", "2",
+        "--group-size", "4", "--steps", "2", "--variants", "full,lora+checkpointing",
+        "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    full, lora = result["variants"]
+    assert (full["variant"], lora["variant"]) == ("full", "lora+checkpointing")
+    assert (lora["lora_rank"], lora["activation_checkpointing"]) == (16, True)
+    for row in (full, lora):
+        assert {"rollout", "reward", "train"} <= set(row["phases_s"])
+        assert row["total_s"] == pytest.approx(sum(row["phases_s"].values()))
+        assert row["mfu_measured"] > 0 and row["mfu_spec"] is None and row["peak_mib"] is None
+    # every weight trains without LoRA; with it, the adapters add weights and the backbone's
+    # own weights but the conditioning ones are frozen
+    assert full["trained_parameters"] == full["parameters"] < lora["parameters"]
+    assert 0 < lora["parameters"] - lora["trained_parameters"] < full["parameters"]
+    summary = _load("summarize").wan_iteration_summary(out, result)
+    assert len(summary) == 3 and "lora+checkpointing" in summary[2]
+
+
 def test_reward_agreement_reports_a_pair_fraction_and_a_correlation(capsys):
     assert _load("reward_agreement").main(["--preset", "smoke", "--groups", "2",
                                            "--device", "cpu"]) == 0
