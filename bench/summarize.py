@@ -1,11 +1,12 @@
 """Print a short table from pytest-benchmark JSON files and pytest JUnit XML reports.
 
 Usage: ``python bench/summarize.py FILE...`` (``.json``: benchmark results,
-``bench/rl_iteration.py``'s or ``bench/wan_iteration.py``'s result, ``.xml``: test results). Benchmarks are listed by group with
-their median time per round and the ``extra_info`` figures; test reports as pass/fail/skip
-counts plus the failing tests' names; an RL iteration as both sides' times, the speedup and the
-train phase's share of the matmul rate. Missing or unreadable files are reported, not fatal:
-the GPU check prints whatever finished.
+``bench/rl_iteration.py``'s or ``bench/wan_iteration.py``'s result, ``.xml``: test results).
+Benchmarks are listed by group with their median time per round and the ``extra_info``
+figures; test reports as pass/fail/skip counts plus the failing tests' names; an RL iteration
+as both sides' times, the speedup and the train phase's share of the matmul rate; a Wan
+iteration as each variant's phase times, peak memory and MFU. Missing or unreadable files are
+reported, not fatal: the GPU check prints whatever finished.
 """
 
 from __future__ import annotations
