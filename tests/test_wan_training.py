@@ -12,7 +12,7 @@ import pytest
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from gloo_ranks import spawn_ranks
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from test_train import _assert_same, _final_weights, _rank
 
 from wc_fast import checkpoint
@@ -167,4 +167,38 @@ def test_model_path_errors_name_what_is_missing(wan_dir, tmp_path):
     tiny = config_lib.preset("smoke")
     config_lib.apply_override(tiny, "model.path", wan_dir)
     with pytest.raises(ValueError, match="model.path"):
+        config_lib.validate(tiny)
+
+
+def test_prompt_embeds_come_from_a_file_and_condition_the_model(wan_dir, tmp_path):
+    embeds = torch.randn(1, 3, 16, generator=torch.Generator().manual_seed(7))
+    save_file({"prompt_embeds": embeds}, tmp_path / "prompt.safetensors")
+    model = load_wan_world_model(
+        wan_config(wan_dir, **{"model.prompt_embeds": str(tmp_path / "prompt.safetensors")}).model)
+    torch.testing.assert_close(model.prompt_embeds, embeds, rtol=0, atol=0)
+    empty = load_wan_world_model(wan_config(wan_dir).model)
+    assert torch.equal(empty.prompt_embeds, torch.zeros(1, 1, 16))
+    f = model.clip_frames
+    x, sigma, actions = torch.randn(1, f, Z, 4, 4), torch.tensor([0.5]), torch.full((f,), 9)
+    with torch.no_grad():
+        moved = (model.velocity(x, sigma, actions, model.empty_cache())
+                 - empty.velocity(x, sigma, actions, empty.empty_cache()))
+    assert moved.abs().max() > 1e-4  # the text tokens reach the blocks' cross-attention
+
+
+def test_prompt_embeds_errors_name_the_file_and_the_tensor(wan_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="model.prompt_embeds.*not found"):
+        load_wan_world_model(wan_config(wan_dir, **{
+            "model.prompt_embeds": str(tmp_path / "none.safetensors")}).model)
+    save_file({"other": torch.zeros(1, 1, 16)}, tmp_path / "wrong.safetensors")
+    with pytest.raises(ValueError, match="no tensor 'prompt_embeds'"):
+        load_wan_world_model(wan_config(wan_dir, **{
+            "model.prompt_embeds": str(tmp_path / "wrong.safetensors")}).model)
+    save_file({"prompt_embeds": torch.zeros(1, 2, 8)}, tmp_path / "narrow.safetensors")
+    with pytest.raises(ValueError, match=r"prompt_embeds must have shape \[1, L, 16\]"):
+        load_wan_world_model(wan_config(wan_dir, **{
+            "model.prompt_embeds": str(tmp_path / "narrow.safetensors")}).model)
+    tiny = config_lib.preset("smoke")
+    config_lib.apply_override(tiny, "model.prompt_embeds", str(tmp_path / "wrong.safetensors"))
+    with pytest.raises(ValueError, match="model.prompt_embeds"):
         config_lib.validate(tiny)

@@ -86,6 +86,11 @@ class ModelConfig:
     ``path``, so ``patch``, ``dim``, ``depth``, ``heads``, ``reference_frame`` and
     ``prediction`` do not apply.
 
+    ``prompt_embeds``: a Wan backbone's text conditioning, a ``.safetensors`` file holding
+    one tensor ``prompt_embeds`` ``[1, L, text_dim]`` (the text encoder's output for the
+    world's prompt, computed once elsewhere: no text encoder is loaded here); empty: one zero
+    token, a fixed empty prompt.
+
     ``lora_rank``: LoRA adapters of this rank on the Wan backbone's ``lora_targets`` (0 = off;
     needs ``peft``, ``pip install wc_fast[lora]``). The backbone's own weights are frozen and
     RL trains the adapters and the conditioning parameters (the action layers, the timestep
@@ -121,6 +126,7 @@ class ModelConfig:
     pose_branch: bool = False
     backbone: Backbone = "tiny"
     path: str = ""
+    prompt_embeds: str = ""
     lora_rank: int = 0
     lora_alpha: float = 0.0
     lora_targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj",
@@ -679,6 +685,8 @@ def _validate_backbone(cfg: Config) -> None:
                  "directory of a Wan backbone)", m.path)
         _require(m.lora_rank == 0, "model.lora_rank", "0 with model.backbone 'tiny' (LoRA "
                  "adapts the linears of a Wan backbone)", m.lora_rank)
+        _require(not m.prompt_embeds, "model.prompt_embeds", "empty with model.backbone 'tiny' "
+                 "(it is a Wan backbone's text conditioning)", m.prompt_embeds)
         return
     _require(bool(m.path), "model.path", "a local diffusers Wan directory (transformer/ and "
              "vae/) with model.backbone 'wan'", m.path)

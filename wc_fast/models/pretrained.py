@@ -78,6 +78,22 @@ def load_checkpoint_model(path: str | Path | None, device: torch.device) -> Tiny
     return load_world_model(path, device=device)
 
 
+def load_prompt_embeds(path: str) -> torch.Tensor | None:
+    """The tensor ``prompt_embeds`` of the ``.safetensors`` file ``path`` (``model.prompt_embeds``),
+    or None (a fixed empty prompt) for an empty path; a missing file or tensor raises
+    ``FileNotFoundError`` / ``ValueError`` naming it."""
+    if not path:
+        return None
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"model.prompt_embeds: {path} not found (a .safetensors file "
+                                f"with a tensor 'prompt_embeds' [1, L, text_dim])")
+    tensors = load_file(path)
+    if "prompt_embeds" not in tensors:
+        raise ValueError(f"model.prompt_embeds: {path} holds no tensor 'prompt_embeds' (it has "
+                         f"{sorted(tensors)})")
+    return tensors["prompt_embeds"].float()
+
+
 def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *,
                          seed: int = 0) -> WanWorldModel:
     """The :class:`WanWorldModel` of ``cfg.path`` (its ``transformer/``, with fresh action
@@ -94,6 +110,7 @@ def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *
     side = cfg.resolution // factor
     model = WanWorldModel.from_pretrained(cfg.path, clip_frames=cfg.clip_frames,
                                           latent_size=(side, side),
+                                          prompt_embeds=load_prompt_embeds(cfg.prompt_embeds),
                                           context_sigma=cfg.context_sigma, seed=seed,
                                           activation_checkpointing=cfg.activation_checkpointing,
                                           autocast_dtype=DTYPES[cfg.dtype])
