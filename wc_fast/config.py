@@ -217,10 +217,9 @@ class NFTConfig:
 
     ``compile``: run the current and old models' velocity in the train phase through
     ``torch.compile`` (fuses the per-element work around the matmuls, forward and backward).
-    On in the cpu preset, where it makes the train phase faster after minutes of compiling in
-    the first iterations (the history length changes with the clip index, so there is one
-    recompile); the compiled graphs are cached on disk for the next run. Timings in
-    bench/RESULTS.md.
+    It makes the train phase about 1.3x faster on CPU after minutes of compiling in the first
+    iterations (the history length changes with the clip index, so there is one recompile);
+    the compiled graphs are cached on disk for the next run. Timings in bench/RESULTS.md.
 
     ``latent_pairing`` (models with motion latents): ``"fresh"`` (default) gives the model the
     latents of each noisy clip's fresh training noise, as the forward process draws them, so
