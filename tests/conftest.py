@@ -30,7 +30,10 @@ if importlib.util.find_spec("wc_kernels") is None:
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# two torch threads, shared out among pytest-xdist's workers when the suite runs under it
+# (python -m pytest -n 2): each worker then keeps to its share of the cores
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 INTERPRETER_NUMPY_ERROR = "only 0-dimensional arrays can be converted to Python scalars"
 

@@ -107,11 +107,28 @@ def test_gradients_reach_parameters(context_grad):
         cache = model.extend_cache(model.empty_cache(), frames, actions, sigma=0.014)
     assert cache.keys[0].requires_grad == context_grad
     x = torch.randn(3, 2, 3, 16, 16, dtype=torch.float64)
-    out = model.velocity(x, torch.rand(3, dtype=torch.float64), actions[0, 1:], cache)
+    sigma = torch.rand(3, dtype=torch.float64)
+    out = model.velocity(x, sigma, actions[0, 1:], cache)
     out.square().mean().backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
     assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
     assert grads["blocks.1.attn.qkv.weight"].abs().sum() > 0
+    # the gradient along a random direction of one weight equals the central difference of
+    # the loss (float64); the history cache is rebuilt with the moved weight exactly when the
+    # gradient flows through it
+    weight = dict(model.named_parameters())["blocks.1.attn.qkv.weight"]
+    direction = torch.randn_like(weight)
+    with torch.no_grad():
+        losses = []
+        for step in (1e-6, -1e-6):
+            weight.add_(step * direction)
+            moved = (model.extend_cache(model.empty_cache(), frames, actions, sigma=0.014)
+                     if context_grad else cache)
+            losses.append(model.velocity(x, sigma, actions[0, 1:], moved).square().mean())
+            weight.sub_(step * direction)
+    numeric = (losses[0] - losses[1]) / 2e-6
+    torch.testing.assert_close(numeric, (grads["blocks.1.attn.qkv.weight"] * direction).sum(),
+                               rtol=1e-6, atol=1e-9)
     # the prompt-frame embedding is used only by the history: it learns only through the cache
     prompt_grad = grads["key_embed.weight"][:, 8].abs().sum()
     assert (prompt_grad > 0) == context_grad
