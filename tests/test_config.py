@@ -54,6 +54,7 @@ def test_wan_presets_name_the_missing_model_path(name):
     cfg = C.build_preset(name)
     assert (cfg.model.backbone, cfg.model.dtype, cfg.train.init) == ("wan", "bfloat16", "base")
     assert cfg.model.activation_checkpointing and cfg.nft.micro_batch >= 1
+    assert cfg.rollout.capture == "eager"
 
 
 def test_presets_are_independent_objects():
