@@ -73,9 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         # the machine's matmul rate right after each train phase: a shared machine's speed
         # drifts by tens of percent within minutes, so each rate is paired with its own peak
         peaks.append(matmul_flops(device, reference_dtype, repeat=3))
-        # MFU proper: the same rate at the dtype the model's matmuls run in (autocast)
+        # MFU proper: the same rate at the dtype the model's matmuls run in (autocast); a CPU
+        # without bf16/fp16 matrix units runs a 2048^3 product of that dtype at well under 1
+        # GFLOP/s (minutes per product), so there a 512^3 one, as compute-bound, measures it
+        low_cpu = device.type == "cpu" and compute_dtype != torch.float32
         peaks_compute.append(peaks[-1] if compute_dtype == reference_dtype
-                             else matmul_flops(device, compute_dtype, repeat=3))
+                             else matmul_flops(device, compute_dtype, n=512 if low_cpu else 2048,
+                                               repeat=3))
         their_times.append(theirs.run(step + i * cfg.rollout.num_clips))
     peak, peak_compute = statistics.median(peaks), statistics.median(peaks_compute)
 
