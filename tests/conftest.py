@@ -80,6 +80,10 @@ def pytest_runtest_call(item):
 
 
 def pytest_collection_modifyitems(config, items):
+    # slow-marked tests first (a stable sort, the same order in every pytest-xdist worker):
+    # under `pytest -n 2` the minutes-long ones then overlap the many short ones instead of
+    # starting last and running alone
+    items.sort(key=lambda item: "slow" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")

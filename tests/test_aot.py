@@ -14,6 +14,7 @@ from wc_kernels.flow_noise.triton import aot_configs as flow_configs
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_command_compiles_every_kernel_without_spills():
     """The real command, from an environment with ``TRITON_INTERPRET=1`` (as conftest sets):
     it re-runs itself without the interpreter, since Triton cannot compile interpreted kernels."""
@@ -69,6 +70,7 @@ print(len(picked), "compiled")
 """
 
 
+@pytest.mark.slow
 def test_attention_kernels_compile_with_an_fp64_scale():
     """torch.compile launches user Triton kernels with a Python float typed fp64; the kernels
     cast it to fp32 so their accumulators keep one type (an fp64 ``scale`` once failed with

@@ -18,6 +18,7 @@ def _load(name: str = "rl_iteration"):
     return module
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_rl_iteration_writes_both_sides_phase_times_and_flop_rates(tmp_path, dtype):
     out = tmp_path / "rl.json"
@@ -154,6 +155,7 @@ def test_render_speed_reports_a_frame_rate(capsys):
     assert rate > 0
 
 
+@pytest.mark.slow
 def test_chaos_run_survives_a_kill_with_the_same_weights(tmp_path, capsys):
     assert _load("chaos").main(["--kills", "1", "--steps", "3", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -29,8 +29,11 @@ pytestmark = [
 
 
 def _env(**extra: str) -> dict[str, str]:
+    # without the variables of a pytest-xdist worker (pytest-benchmark would take the nested
+    # pytest for an xdist run and refuse --benchmark-only)
     env = {k: v for k, v in os.environ.items()
-           if k not in ("TRITON_INTERPRET", "GPU_CHECK_SKIP_RL", "GPU_CHECK_BUDGET_S")}
+           if k not in ("TRITON_INTERPRET", "GPU_CHECK_SKIP_RL", "GPU_CHECK_BUDGET_S")
+           and not k.startswith("PYTEST_XDIST") and k != "PYTEST_CURRENT_TEST"}
     env.update(PYTHON=sys.executable, **extra)
     return env
 

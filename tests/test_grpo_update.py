@@ -299,6 +299,7 @@ def _rank(rank: int, args: list[str]) -> None:
     assert main(args) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
 def test_two_gloo_ranks_equal_one_process(tmp_path, mode):
     common = [*RUN, "--steps", "2", "--reward.std", "global", "--grpo.timestep_fraction", "0.5"]

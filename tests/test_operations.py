@@ -75,6 +75,7 @@ def _nan_on_rank_one(rank: int, args: list[str]) -> None:
     assert main(args) == 0
 
 
+@pytest.mark.slow
 def test_a_nan_on_one_fsdp2_rank_skips_the_update_on_every_rank(tmp_path):
     spawn_ranks(_nan_on_rank_one, ([*SMOKE, "--steps", "1", "--out", str(tmp_path),
                                     "--train.distributed", "fsdp2"],), tmp_path)
@@ -98,6 +99,7 @@ def test_consecutive_nan_losses_stop_the_run_with_a_checkpoint(tmp_path, monkeyp
     _assert_initial(_weights(tmp_path / "step_00000002"))
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_the_resumed_run_equals_the_uninterrupted_one(tmp_path):
     args = ["--preset", "smoke", "--steps", "6", "--train.ckpt_every", "100"]
     stopped, full = tmp_path / "stopped", tmp_path / "full"
@@ -147,6 +149,7 @@ def _agree(rank: int, out: str) -> None:
         Path(out, f"rank{rank}").write_text(str(stop.agreed(2)))
 
 
+@pytest.mark.slow
 def test_every_rank_stops_when_one_rank_is_signalled(tmp_path):
     spawn_ranks(_agree, (str(tmp_path),), tmp_path)
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["True", "True"]

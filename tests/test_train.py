@@ -96,6 +96,7 @@ def _rank(rank: int, args: list[str]) -> None:
     assert main(args) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
 def test_two_gloo_ranks_equal_one_process_over_the_same_groups(tmp_path, mode):
     common = [*SMOKE, "--steps", "2", "--reward.std", "global"]
@@ -112,6 +113,7 @@ def test_two_gloo_ranks_equal_one_process_over_the_same_groups(tmp_path, mode):
         _assert_same(load_file(checkpoint.latest(one) / "old.safetensors"), saved, atol=5e-5)
 
 
+@pytest.mark.slow
 def test_fsdp2_run_resumes_exactly(tmp_path):
     args = [*SMOKE, "--steps", "3", "--out", str(tmp_path), "--train.keep_last", "3",
             "--train.distributed", "fsdp2"]
@@ -177,6 +179,7 @@ def test_telemetry_is_off_without_a_gpu():
     assert telemetry.read() == {}
 
 
+@pytest.mark.slow
 def test_compiled_train_phase_matches_eager(tmp_path):
     """``nft.compile`` changes how the train phase runs, not what it computes."""
     weights = {}

@@ -146,6 +146,7 @@ def test_lora_checkpoints_hold_the_trained_weights_and_resume_exactly(wan_dir, t
     _assert_same(old, load_file(checkpoint.latest(tmp_path) / "old.safetensors"))
 
 
+@pytest.mark.slow
 @needs_peft
 def test_two_gloo_ranks_train_the_adapters_as_one_process(wan_dir, tmp_path):
     """The adapters' first factors are drawn from train.seed, so both ranks and the one

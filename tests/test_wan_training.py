@@ -112,6 +112,7 @@ def test_wan_smoke_preset_runs_with_only_the_model_path(wan_dir, tmp_path):
     assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
 def test_two_gloo_ranks_train_the_wan_model_as_one_process(wan_dir, tmp_path, mode):
     common = ["--steps", "2", "--reward.std", "global", "--rollout.capture", "eager"]

@@ -122,6 +122,7 @@ def test_smoke_run_with_exploration_resumes_exactly(tmp_path):
     _assert_same(uninterrupted, _final_weights(tmp_path))
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_explore_as_one_process(tmp_path):
     common = [*SMOKE, *EXPLORE, "--steps", "2", "--reward.std", "global"]
     one, two = tmp_path / "one", tmp_path / "two"

@@ -262,6 +262,7 @@ def test_smoke_run_resumes_exactly(tmp_path, warp_calls, option, decoupled_rows)
 
 @pytest.mark.parametrize("option,decoupled_rows", [(DECOUPLE, [0, 0, 1]), (WARP, [0, 0, 0])],
                          ids=["decouple", "noise_warp"])
+@pytest.mark.slow
 def test_two_gloo_ranks_equal_one_process(tmp_path, option, decoupled_rows):
     """Iteration 3 is decoupled with ``decouple``; the 2 ranks draw the same high-motion
     prompts and warped noise for the same global groups as one process."""
