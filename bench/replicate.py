@@ -1,27 +1,34 @@
 """The WorldCompass study on the embedded world: Table 1 and Table 2 analogs.
 
-    python bench/replicate.py [--seeds 3] [--rows full,sample,if_only,vq_only,sde,...]
+    python bench/replicate.py [--seeds 3] [--rows recipe,recipe_if_only,...]
                               [--out runs/replicate] [--doc docs/replication.md]
 
-Each (row, seed) is one ``python -m wc_fast.train`` run of the ``cpu`` preset with the paper's
-recipe (``PAPER_RECIPE``) and that row's change, or of the preset's own defaults for ``recipe``
-(one at a time, in a subprocess, as a user would run it), then an evaluation of its
-final model on the held-out sets (``--sequences`` x ``--clips``, evaluation estimator), the mean
-camera-motion magnitude of the generated clips, the motion spread of its candidates
+Each (row, seed) is one ``python -m wc_fast.train`` run of the ``cpu`` preset (one at a time,
+in a subprocess, as a user would run it), then an evaluation of its final model on the
+held-out sets (``--sequences`` x ``--clips``, evaluation estimator), the mean camera-motion
+magnitude of the generated clips, the motion spread of its candidates
 (``bench/motion_spread.py``) and its median wall time per iteration (from its
-``metrics.jsonl``). The base model is evaluated the same way. A finished run's
-numbers are kept in ``OUT/ROW_sSEED/study.json``, so an interrupted study resumes where it
-stopped. Finally ``--doc`` is rewritten with both tables and, row by row, whether the paper's
-ordering holds.
+``metrics.jsonl``). The base model is evaluated the same way. A finished run's numbers are
+kept in ``OUT/ROW_sSEED/study_*.json``, so an interrupted study resumes where it stopped.
+Finally ``--doc`` is rewritten with both tables and, row by row, whether the paper's ordering
+holds.
 
-Rows (WorldCompass Table 2): ``full`` (clip-level rollouts, IF + VQ), ``sample`` (sample-level
-rollouts), ``if_only``, ``vq_only``, ``sde`` (same-noise SDE exploration, DanceGRPO-style).
-The GRPO family and World-R1's recipe on the same model: ``flow_grpo`` (Flow-GRPO,
-per-candidate noise), ``flow_grpo_same`` (one initial noise per group, DanceGRPO),
-``flow_grpo_fast`` (SDE in a window of 2 steps), ``trajectory`` (NFT with World-R1's continuous
-trajectory reward), ``decoupled`` (NFT with 2 VQ-only iterations on high-motion prompts in every
-10), ``noise_warp`` (NFT from noise warped along the commanded camera, strength 0.5).
-``recipe``: the cpu preset's defaults, the recipe that raises action following here.
+Two families of rows. ``recipe`` is the preset's defaults, the recipe that raises action
+following here (docs/design.md section 4.3); Table 1 compares it with the base over
+``--seeds`` training seeds. Its Table 2 ablations (WorldCompass Table 2): ``recipe_if_only``,
+``recipe_vq_only``, ``recipe_sde`` (same-noise SDE exploration, DanceGRPO-style: one initial
+noise per group and no exploration in camera motion), and ``recipe_sample`` (sample-level
+rollouts) against ``recipe_3clips`` (clip-level), both over clips 1-3 because on clip 1 alone
+there is no history to share and the two coincide.
+
+The second family is the paper's recipe (``PAPER_RECIPE``), under which RL does not raise
+action following on this world: ``full`` (clip-level rollouts, IF + VQ), ``sample``,
+``if_only``, ``vq_only``, ``sde``; the GRPO family and World-R1's recipe on the same model:
+``flow_grpo`` (Flow-GRPO, per-candidate noise), ``flow_grpo_same`` (one initial noise per
+group, DanceGRPO), ``flow_grpo_fast`` (SDE in a window of 2 steps), ``trajectory`` (NFT with
+World-R1's continuous trajectory reward), ``decoupled`` (NFT with 2 VQ-only iterations on
+high-motion prompts in every 10), ``noise_warp`` (NFT from noise warped along the commanded
+camera, strength 0.5), ``own_latents`` (each candidate's own motion latents in the update).
 """
 
 from __future__ import annotations
@@ -49,13 +56,14 @@ from wc_fast.rewards.exploration import camera_motion  # noqa: E402
 
 # the paper's recipe on the cpu preset (all weights, two groups of 8 per update over 3 clips of
 # mixed commands, IF + VQ at lam 2/3, 300 iterations; the preset's defaults until it took the
-# recipe of docs/design.md section 4.3): every row but ``recipe`` is this plus its change
+# recipe of docs/design.md section 4.3): every row of the paper's family is this plus its
+# change
 PAPER_RECIPE = ["--model.pose_branch", "false", "--rollout.warp_exploration", "0",
                 "--optim.trainable", "all", "--optim.lr", "3e-5",
                 "--rollout.groups_per_rank", "2", "--rollout.num_clips", "3",
                 "--rollout.composite_fraction", "0.5", "--reward.lam", str(2 / 3),
                 "--ema.end", "0.8", "--nft.compile", "true", "--train.steps", "300"]
-ROWS = {name: [*PAPER_RECIPE, *change] for name, change in {
+PAPER_ROWS = {name: [*PAPER_RECIPE, *change] for name, change in {
     "full": [], "sample": ["--rollout.mode", "sample"], "if_only": ["--reward.kind", "if"],
     "vq_only": ["--reward.kind", "vq"], "sde": ["--rollout.exploration", "sde"],
     "own_latents": ["--nft.latent_pairing", "own"],
@@ -65,18 +73,32 @@ ROWS = {name: [*PAPER_RECIPE, *change] for name, change in {
     "trajectory": ["--reward.if_kind", "trajectory"],
     "decoupled": ["--reward.decouple_every", "10", "--reward.decouple_length", "2"],
     "noise_warp": ["--rollout.noise_warp", "0.5"]}.items()}
-ROWS["recipe"] = []  # the cpu preset's defaults
-TITLES = {"base": "base model", "full": "full (clip-level, IF + VQ)",
-          "sample": "sample-level rollouts", "if_only": "IF reward only",
-          "vq_only": "VQ reward only", "sde": "same-noise SDE exploration",
-          "own_latents": "full, each candidate's own latents in the update",
-          "flow_grpo": "Flow-GRPO (per-candidate noise)",
-          "flow_grpo_same": "Flow-GRPO, one noise per group (DanceGRPO)",
-          "flow_grpo_fast": "Flow-GRPO-Fast (SDE window of 2 steps)",
-          "trajectory": "full, World-R1 trajectory reward",
-          "decoupled": "full, periodic VQ-only phases",
-          "noise_warp": "full, noise warped along the camera",
-          "recipe": "the default recipe (exploration in camera motion)"}
+# the default recipe and the paper's ablations of it, then the paper's family
+ROWS = {"recipe": [], "recipe_if_only": ["--reward.kind", "if"],
+        "recipe_vq_only": ["--reward.kind", "vq"],
+        "recipe_sde": ["--rollout.exploration", "sde", "--rollout.warp_exploration", "0"],
+        "recipe_3clips": ["--rollout.num_clips", "3"],
+        "recipe_sample": ["--rollout.num_clips", "3", "--rollout.mode", "sample"]} | PAPER_ROWS
+TABLE1_ROW = "recipe"
+# each family's full row, the prefix of its ablations' names, and its name in the doc
+FAMILIES = (("recipe", "recipe_", "default recipe"), ("full", "", "paper recipe"))
+TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
+          "sample": "paper recipe, sample-level rollouts",
+          "if_only": "paper recipe, IF reward only", "vq_only": "paper recipe, VQ reward only",
+          "sde": "paper recipe, same-noise SDE exploration",
+          "own_latents": "paper recipe, each candidate's own latents in the update",
+          "flow_grpo": "paper recipe, Flow-GRPO (per-candidate noise)",
+          "flow_grpo_same": "paper recipe, Flow-GRPO, one noise per group (DanceGRPO)",
+          "flow_grpo_fast": "paper recipe, Flow-GRPO-Fast (SDE window of 2 steps)",
+          "trajectory": "paper recipe, World-R1 trajectory reward",
+          "decoupled": "paper recipe, periodic VQ-only phases",
+          "noise_warp": "paper recipe, noise warped along the camera",
+          "recipe": "the default recipe (exploration in camera motion)",
+          "recipe_if_only": "default recipe, IF reward only",
+          "recipe_vq_only": "default recipe, VQ reward only",
+          "recipe_sde": "default recipe, same-noise SDE exploration",
+          "recipe_3clips": "default recipe on clips 1-3",
+          "recipe_sample": "default recipe on clips 1-3, sample-level rollouts"}
 
 
 def score(model_path: str | None, sequences: int, clips: int) -> dict:
@@ -137,24 +159,25 @@ def cached(path: Path, compute) -> dict:
     return value
 
 
-def _mean_sd(values: list[float]) -> str:
+def _mean_sd(values: list[float], *, signed: bool = False) -> str:
+    """``mean +/- sd`` of ``values`` (the value alone for one), 3 decimals."""
+    fmt = "+.3f" if signed else ".3f"
     if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} +/- {statistics.stdev(values):.3f}"
+        return f"{values[0]:{fmt}}"
+    return f"{statistics.mean(values):{fmt}} +/- {statistics.stdev(values):.3f}"
 
 
-def write_doc(doc: Path, results: dict, command: str, settings: dict) -> None:
-    base = results["base"][0]
-    lines = ["# Replicating WorldCompass Tables 1 and 2 on the embedded world", "",
-             f"Regenerate with `{command}` (one run at a time on 2 CPU cores; every number "
-             "below comes from that command). Evaluation: "
-             f"{settings['sequences']} held-out sequences x {settings['clips']} clips per set, "
-             "evaluation estimator, accuracy = fraction of frames whose translation and "
-             "rotation labels both match the command. Mean +/- standard deviation over the "
-             "training seeds where a row has several.", "",
-             "## Table 1 analog: base vs trained (`full`)", "",
-             "| set | horizon | base | trained |", "|---|---|---|---|"]
-    trained = results.get("full", [])
+def _table1(base: dict, trained: list[dict]) -> list[str]:
+    """Accuracy per set and horizon, then VQ per set: base, trained and the paired change."""
+    lines = [f"## Table 1 analog: base vs trained (`{TABLE1_ROW}`, {len(trained)} seeds)", "",
+             "| set | horizon | base | trained | change |", "|---|---|---|---|---|"]
+
+    def cells(f) -> str:
+        if not trained:
+            return "- | -"
+        return (f"{_mean_sd([f(r) for r in trained])} | "
+                f"{_mean_sd([f(r) - f(base) for r in trained], signed=True)}")
+
     for kind in KINDS:
         for horizon in ("short", "medium", "long", "accuracy"):
             if horizon != "accuracy" and horizon not in base["eval"][kind]:
@@ -165,31 +188,51 @@ def write_doc(doc: Path, results: dict, command: str, settings: dict) -> None:
                 block = r["eval"][kind]
                 return block[horizon] if horizon == "accuracy" else block[horizon]["accuracy"]
 
-            cells = _mean_sd([value(r) for r in trained]) if trained else "-"
-            lines.append(f"| {kind} | {name} | {value(base):.3f} | {cells} |")
-    lines += ["", "| VQ (critic) | base | trained |", "|---|---|---|"]
+            lines.append(f"| {kind} | {name} | {value(base):.3f} | {cells(value)} |")
+    lines += ["", "| VQ (critic) | base | trained | change |", "|---|---|---|---|"]
     for kind in KINDS:
-        cells = _mean_sd([r["eval"][kind]["vq"] for r in trained]) if trained else "-"
-        lines.append(f"| {kind} | {base['eval'][kind]['vq']:.3f} | {cells} |")
-    lines += ["", "## Table 2 analog: ablations", "",
-              "| row | seeds | two-key acc | composite acc | basic acc | VQ (basic) | motion "
-              "(steps/frame) | motion spread (basic / two-key) | s / iteration (x full) |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        def vq(r, kind=kind):
+            return r["eval"][kind]["vq"]
+        lines.append(f"| {kind} | {vq(base):.3f} | {cells(vq)} |")
+    return lines
+
+
+def _table2(results: dict) -> list[str]:
+    """One line per row run: accuracies, VQ, motion, motion spread, seconds per iteration."""
+    lines = ["| row | seeds | two-key acc | composite acc | basic acc | VQ (basic / two-key) "
+             "| motion (steps/frame) | motion spread (basic / two-key) | s / iteration (x full) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     nft_seconds = [r["seconds"] for r in results.get("full", []) if "seconds" in r]
     for row, runs in results.items():
         def col(f, runs=runs):
             return _mean_sd([f(r) for r in runs])
-        two_key = col(lambda r: r["eval"]["composite_2key"]["accuracy"])
         lines.append(
-            f"| {TITLES[row]} | {len(runs)} | {two_key} "
+            f"| {TITLES[row]} | {len(runs)} "
+            f"| {col(lambda r: r['eval']['composite_2key']['accuracy'])} "
             f"| {col(lambda r: r['eval']['composite']['accuracy'])} "
             f"| {col(lambda r: r['eval']['basic']['accuracy'])} "
-            f"| {col(lambda r: r['eval']['basic']['vq'])} | {col(lambda r: r['motion'])} "
+            f"| {col(lambda r: r['eval']['basic']['vq'])} / "
+            f"{col(lambda r: r['eval']['composite_2key']['vq'])} | {col(lambda r: r['motion'])} "
             f"| {col(lambda r: r['spread']['basic'])} / "
             f"{col(lambda r: r['spread']['composite_2key'])} | {_speed(runs, nft_seconds)} |")
+    return lines
+
+
+def write_doc(doc: Path, results: dict, command: str, settings: dict) -> None:
+    lines = ["# Replicating WorldCompass Tables 1 and 2 on the embedded world", "",
+             f"Regenerate with `{command}` (one run at a time on 2 CPU cores; every number "
+             "below comes from that command). Evaluation: "
+             f"{settings['sequences']} held-out sequences x {settings['clips']} clips per set, "
+             "evaluation estimator, accuracy = fraction of frames whose translation and "
+             "rotation labels both match the command; VQ = the critic's mean score over the "
+             "generated frames. Mean +/- standard deviation over the training seeds where a "
+             "row has several; a change is trained minus base on the same held-out set.", ""]
+    lines += _table1(results["base"][0], results.get(TABLE1_ROW, []))
+    lines += ["", "## Table 2 analog: ablations", ""]
+    lines += _table2(results)
     lines += ["", "s / iteration: the median over a run's iterations of rollout + reward + train "
-              "seconds (its `metrics.jsonl`), and its ratio to the `full` (NFT) row's; comparable "
-              "only between runs made on an otherwise idle machine.",
+              "seconds (its `metrics.jsonl`), and its ratio to the paper recipe's `full` (NFT) "
+              "row's; comparable only between runs made on an otherwise idle machine.",
               "", "## Does the paper's ordering hold?", ""]
     lines += orderings(results)
     doc.write_text("\n".join(lines) + "\n")
@@ -205,40 +248,53 @@ def _speed(runs: list[dict], nft_seconds: list[float]) -> str:
     return f"{mean:.2f}{ratio}"
 
 
+def two_key(r: dict) -> float:
+    return r["eval"]["composite_2key"]["accuracy"]
+
+
 def orderings(results: dict) -> list[str]:
+    """The paper's Table 2 claims, checked within each family whose rows were run."""
     def mean(row, f):
         return statistics.mean(f(r) for r in results[row])
 
-    def two_key(r):
-        return r["eval"]["composite_2key"]["accuracy"]
+    def basic_vq(r):
+        return r["eval"]["basic"]["vq"]
 
     checks = []
-    base = results["base"]
-    if "sample" in results:
-        ok = mean("sample", two_key) <= mean("base", two_key) + 0.02
-        checks.append(("sample-level rollouts are no better than the base (two-key accuracy "
-                       "within 0.02)", ok))
-    if "if_only" in results and "full" in results:
-        ok = mean("if_only", lambda r: r["eval"]["basic"]["vq"]) < mean(
-            "full", lambda r: r["eval"]["basic"]["vq"])
-        checks.append(("IF-only training ends with lower VQ than full training", ok))
-    if "vq_only" in results:
-        ok = mean("vq_only", lambda r: r["motion"]) < base[0]["motion"]
-        checks.append(("VQ-only training moves the camera less than the base", ok))
-    if "sde" in results and "full" in results:
-        gain = mean("sde", two_key) - mean("base", two_key)
-        ok = gain < mean("full", two_key) - mean("base", two_key)
-        checks.append(("same-noise SDE exploration gains less two-key accuracy than full", ok))
+    base = mean("base", two_key)
+    for full, prefix, family_name in FAMILIES:
+        name = f"{prefix}{{}}"
+        family = f" ({family_name})"
+        sample = name.format("sample")
+        if sample in results:
+            ok = mean(sample, two_key) <= base + 0.02
+            checks.append(("sample-level rollouts are no better than the base (two-key "
+                           "accuracy within 0.02)" + family, ok))
+        if full not in results:
+            continue
+        if name.format("if_only") in results:
+            ok = mean(name.format("if_only"), basic_vq) < mean(full, basic_vq)
+            checks.append(("IF-only training ends with lower VQ than full training" + family, ok))
+        if name.format("vq_only") in results:
+            ok = mean(name.format("vq_only"), lambda r: r["motion"]) < mean("base",
+                                                                             lambda r: r["motion"])
+            checks.append(("VQ-only training moves the camera less than the base" + family, ok))
+        if name.format("sde") in results:
+            ok = mean(name.format("sde"), two_key) - base < mean(full, two_key) - base
+            checks.append(("same-noise SDE exploration gains less two-key accuracy than full"
+                           + family, ok))
     if "flow_grpo_same" in results and "full" in results:
         ok = mean("full", two_key) > mean("flow_grpo_same", two_key)
-        checks.append(("NFT ends with higher two-key accuracy than DanceGRPO-style GRPO", ok))
+        checks.append(("NFT ends with higher two-key accuracy than DanceGRPO-style GRPO "
+                       "(paper recipe)", ok))
     return [f"- {text}: **{'yes' if ok else 'no'}**" for text, ok in checks] or [
         "- (no ablation rows run)"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=3, help="training seeds of the full row")
+    parser.add_argument("--seeds", type=int, default=3,
+                        help=f"training seeds of Table 1's row ({TABLE1_ROW})")
     parser.add_argument("--ablation-seeds", type=int, default=1)
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--steps", type=int, default=None, help="RL iterations per run")
@@ -256,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {"base": [cached(out / f"base_{tag}.json",
                                lambda: score(None, args.sequences, args.clips))]}
     for row in rows:
-        seeds = args.seeds if row == "full" else args.ablation_seeds
+        seeds = args.seeds if row == TABLE1_ROW else args.ablation_seeds
         results[row] = []
         for seed in range(seeds):
             ckpt = run(row, seed, out, args.steps)

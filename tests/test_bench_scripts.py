@@ -104,20 +104,40 @@ def _study_result(two_key: float, vq: float, motion: float) -> dict:
 def test_replicate_writes_both_tables_and_checks_the_orderings(tmp_path):
     replicate = _load("replicate")
     results = {"base": [_study_result(0.40, 1.0, 0.8)],
-               "full": [_study_result(0.50, 1.5, 0.8), _study_result(0.60, 1.7, 0.8)],
-               "sample": [_study_result(0.40, 1.0, 0.8)],
-               "if_only": [_study_result(0.55, 0.5, 0.9)],
-               "vq_only": [_study_result(0.30, 2.0, 0.5)],
-               "sde": [_study_result(0.45, 1.2, 0.8)]}
+               "recipe": [_study_result(0.50, 1.5, 0.8), _study_result(0.60, 1.7, 0.8)],
+               "recipe_sample": [_study_result(0.40, 1.0, 0.8)],
+               "recipe_if_only": [_study_result(0.55, 0.5, 0.9)],
+               "recipe_vq_only": [_study_result(0.30, 2.0, 0.5)],
+               "recipe_sde": [_study_result(0.45, 1.2, 0.8)],
+               "full": [_study_result(0.42, 1.1, 0.8)],
+               "if_only": [_study_result(0.43, 1.3, 0.8)]}
     doc = tmp_path / "replication.md"
     replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
     text = doc.read_text()
-    assert "| composite_2key | all | 0.400 | 0.550 +/- 0.071 |" in text
-    assert "| same-noise SDE exploration | 1 | 0.450 |" in text
-    assert text.count(": **yes**") == 4  # every ordering of the paper holds in this made-up set
-    results["sde"] = [_study_result(0.70, 1.2, 0.8)]
+    assert "base vs trained (`recipe`, 2 seeds)" in text
+    # trained mean +/- sd, then the paired change over the base
+    assert "| composite_2key | all | 0.400 | 0.550 +/- 0.071 | +0.150 +/- 0.071 |" in text
+    assert "| basic | 1.000 | 1.600 +/- 0.141 | +0.600 +/- 0.141 |" in text
+    assert "| default recipe, same-noise SDE exploration | 1 | 0.450 |" in text
+    assert "| 1.200 / 1.200 |" in text  # VQ on basic and on two-key commands
+    assert text.count(": **yes**") == 4  # every ordering of the paper holds in the recipe's rows
+    assert "lower VQ than full training (paper recipe): **no**" in text  # 1.3 against 1.1
+    results["recipe_sde"] = [_study_result(0.70, 1.2, 0.8)]
     replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
-    assert "gains less two-key accuracy than full: **no**" in doc.read_text()
+    assert "gains less two-key accuracy than full (default recipe): **no**" in doc.read_text()
+
+
+def test_replicate_rows_are_valid_configs():
+    from wc_fast import config
+    replicate = _load("replicate")
+    for row, args in replicate.ROWS.items():
+        cfg = config.preset("cpu")
+        pairs = [(args[i][2:], args[i + 1]) for i in range(0, len(args), 2)]
+        for path, value in pairs:
+            config.apply_override(cfg, path, value)
+        config.validate(cfg)
+        assert row in replicate.TITLES
+    assert replicate.ROWS["recipe"] == []  # Table 1 is the preset's own default run
 
 
 def test_replicate_reports_iteration_time_and_the_grpo_ordering(tmp_path):
@@ -133,12 +153,13 @@ def test_replicate_reports_iteration_time_and_the_grpo_ordering(tmp_path):
     doc = tmp_path / "replication.md"
     replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
     text = doc.read_text()
-    assert "| Flow-GRPO, one noise per group (DanceGRPO) | 1 | 0.450 |" in text
+    assert "| paper recipe, Flow-GRPO, one noise per group (DanceGRPO) | 1 | 0.450 |" in text
     assert "| 4.00 (2.00x) |" in text and "| 2.00 (1.00x) |" in text
-    assert "higher two-key accuracy than DanceGRPO-style GRPO: **yes**" in text
+    assert "higher two-key accuracy than DanceGRPO-style GRPO (paper recipe): **yes**" in text
     grpo[0]["eval"]["composite_2key"]["accuracy"] = 0.55
     replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
-    assert "higher two-key accuracy than DanceGRPO-style GRPO: **no**" in doc.read_text()
+    text = doc.read_text()
+    assert "higher two-key accuracy than DanceGRPO-style GRPO (paper recipe): **no**" in text
 
 
 def test_motion_spread_measures_each_kind(tmp_path):
