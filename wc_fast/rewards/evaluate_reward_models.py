@@ -9,8 +9,10 @@ the held-out stream ``batch_seed(EVAL_DATA_SEED, i)`` that no training recipe us
   ground-truth renders (one action per clip, as the RL task commands); and the mean error of
   the estimated per-frame camera motion in units of the largest step (the world's speed
   varies, so this says whether the estimator measures how far the camera moved);
-- critic: how often a clean frame scores above its degraded version, per degradation; and
-  static clips (no-op) against moving clean clips from the same start frames.
+- critic: how often a clean frame scores above its degraded version, per degradation; static
+  clips (no-op) against moving clean clips from the same start frames; and how often a true
+  render scores above the shipped base world model's generation of the same frame, per
+  evaluation set, on sequences of the held-out seed ``EVAL_DATA_SEED + 2``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from wc_fast.rewards.estimators import CameraEstimator, load_estimator
 from wc_fast.rewards.exploration import estimator_motion_error
 from wc_fast.rewards.interaction import poses_to_labels
 from wc_fast.rewards.scoring import if_scores
+from wc_fast.rewards.train_reward_models import generated_pairs
 from wc_fast.world import batch_seed, sample_clips
 
 EVAL_DATA_SEED = 9000
@@ -125,8 +128,26 @@ def static_vs_moving(critic: VisualQualityScorer, *, clips: int = 1000) -> dict:
             "smeared_mean": round(float(d.mean()), 4), "clips": len(diff)}
 
 
-def evaluate(*, clips: int = 1000, threads: int = 2) -> dict:
-    """All acceptance numbers of the shipped models, with the ``cpu`` preset's thresholds."""
+def true_vs_generated(critic: VisualQualityScorer, *, sequences: int = 32, clips: int = 6
+                      ) -> dict:
+    """Per evaluation set: the share of frames whose true render outscores the base model's
+    generation of it, and both mean scores (the generated frames' by clip of the rollout)."""
+    out = {}
+    for name, (true, made) in generated_pairs(sequences, clips, EVAL_DATA_SEED + 2).items():
+        with torch.no_grad():
+            s_true, s_made = critic(true[:, None])[:, 0], critic(made[:, None])[:, 0]
+        by_clip = s_made.reshape(sequences, clips, -1).mean((0, 2))
+        out[name] = {"true_above_generated": round(float((s_true > s_made).double().mean()), 4),
+                     "true_mean": round(float(s_true.mean()), 4),
+                     "generated_mean": round(float(s_made.mean()), 4),
+                     "generated_by_clip": [round(float(v), 3) for v in by_clip]}
+    return out
+
+
+def evaluate(*, clips: int = 1000, threads: int = 2,
+             only: Sequence[str] = ("estimators", "critic")) -> dict:
+    """The acceptance numbers of the shipped models (``only`` some of them), with the ``cpu``
+    preset's thresholds."""
     torch.set_num_threads(threads)
     reward = preset("cpu").reward
     thresholds = dict(trans_thresholds=reward.trans_thresholds,
@@ -134,7 +155,7 @@ def evaluate(*, clips: int = 1000, threads: int = 2) -> dict:
     report: dict = {"thresholds": {"trans": list(reward.trans_thresholds),
                                    "rot_deg": reward.rot_threshold_deg},
                     "eval_data_seed": EVAL_DATA_SEED}
-    for which in ("reward", "eval"):
+    for which in ("reward", "eval") if "estimators" in only else ():
         start = time.perf_counter()
         est = load_estimator(which)
         report[f"estimator_{which}"] = {
@@ -143,9 +164,12 @@ def evaluate(*, clips: int = 1000, threads: int = 2) -> dict:
             "motion_error_steps": round(estimator_motion_error(
                 est, clips=clips, seed=EVAL_DATA_SEED + 1), 4),
             "seconds": round(time.perf_counter() - start, 1)}
+    if "critic" not in only:
+        return report
     critic = load_critic()
     report["critic"] = {"pair_accuracy": critic_pairs(critic, clips=clips),
-                        "static_vs_moving": static_vs_moving(critic, clips=clips)}
+                        "static_vs_moving": static_vs_moving(critic, clips=clips),
+                        "true_vs_generated": true_vs_generated(critic)}
     return report
 
 
@@ -156,8 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clips", type=int, default=1000, help="clips per measurement")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None, help="also write the report here")
+    parser.add_argument("--only", choices=("estimators", "critic"), default=None,
+                        help="measure only these models")
     args = parser.parse_args(argv)
-    report = evaluate(clips=args.clips, threads=args.threads)
+    only = (args.only,) if args.only else ("estimators", "critic")
+    report = evaluate(clips=args.clips, threads=args.threads, only=only)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

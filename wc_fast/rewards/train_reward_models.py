@@ -10,7 +10,11 @@ so no training batch shares a seed with the held-out evaluation stream
   pair's relative pose (:func:`~wc_fast.rewards.estimators.pose_loss`), a new random action
   every frame, 10% no-op.
 - ``critic``: the VQ critic (:mod:`wc_fast.rewards.critic`), logistic ranking loss of each clean
-  frame against its degraded version, every degradation kind in every batch.
+  frame against its degraded version, every degradation kind in every batch, and of each true
+  render against the shipped base world model's generation of the same frame
+  (:func:`generated_pairs`). Without the second kind the critic has never seen a world model's
+  frames after their errors compound over a long rollout, and it scores many such frames far
+  above clean renders.
 """
 
 from __future__ import annotations
@@ -46,7 +50,10 @@ RECIPES = {
              "batch": 12, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.6,
              "options": {"colour": False, "fine_radius": 2, "coarse_radius": 3}},
     "critic": {"arch": "frame_cnn", "model_seed": 33, "data_seed": 3000, "steps": 1500,
-               "batch": 40, "lr": 2e-3},
+               "batch": 40, "lr": 2e-3,
+               # generated negatives: sequences per evaluation set, clips per sequence, seed,
+               # and pairs per batch
+               "generated": {"sequences": 96, "clips": 6, "seed": 3500, "batch": 24}},
 }
 NOOP_FRACTION = 0.1
 AUGMENT_FRACTION = 0.3  # share of estimator training clips that are mildly blurred and noisy
@@ -97,12 +104,41 @@ def _estimator_loss(model: nn.Module, step: int, recipe: dict, gen: torch.Genera
     return loss, {"agree": float(agree)}
 
 
+def generated_pairs(sequences: int, clips: int, seed: int, *, progress: bool = False
+                    ) -> dict[str, tuple[Tensor, Tensor]]:
+    """Per evaluation set (:data:`wc_fast.eval.KINDS`): true renders and the shipped base world
+    model's generation of the same frames, both ``[N, 3, H, W]``. ``sequences`` sequences of
+    ``clips`` clips from the set's prompt distribution, generated from their first frame and
+    actions as ``python -m wc_fast.eval`` generates them; every frame after the first."""
+    from wc_fast.config import preset
+    from wc_fast.eval import KINDS as SETS
+    from wc_fast.eval import rollout_sequences
+    from wc_fast.models.pretrained import load_checkpoint_model
+    from wc_fast.world import sample_sequences
+
+    model = load_checkpoint_model(None, torch.device("cpu"))
+    cfg, sampling = model.cfg, preset("cpu").rollout
+    pairs = {}
+    for k, (name, (fraction, keys)) in enumerate(SETS.items()):
+        data = sample_sequences(sequences, num_clips=clips, seed=seed + k,
+                                composite_fraction=fraction, composite_keys=keys,
+                                clip_frames=cfg.clip_frames, resolution=cfg.resolution)
+        generated = rollout_sequences(model, data.frames[:, :1], data.actions, steps=sampling.steps,
+                                      shift=sampling.shift, seed=seed + k, progress=progress)
+        pairs[name] = (data.frames[:, 1:].flatten(0, 1), generated[:, 1:].flatten(0, 1))
+    return pairs
+
+
 def _critic_loss(model: nn.Module, step: int, recipe: dict, gen: torch.Generator,
                  device: torch.device) -> tuple[Tensor, dict]:
     clips = sample_clips(recipe["batch"], seed=batch_seed(recipe["data_seed"], step),
                          segment_frames=1)
     pairs = [degraded_pairs(part, kind, gen)
              for part, kind in zip(clips.frames.chunk(len(KINDS)), KINDS, strict=True)]
+    if "pool" in recipe:
+        true, made = recipe["pool"]
+        pick = torch.randint(0, true.shape[0], (recipe["generated"]["batch"],), generator=gen)
+        pairs.append((true[pick], made[pick]))
     clean = torch.cat([p[0] for p in pairs])[:, None]
     degraded = torch.cat([p[1] for p in pairs])[:, None]
     scores = model(torch.cat([clean, degraded]).to(device))[:, 0]
@@ -129,6 +165,13 @@ def train(which: str, *, steps: int | None = None, out: str | None = None, threa
             "rotation_step_deg": ROTATION_STEP_DEG, "options": recipe.get("options", {})}
     if which == "critic":
         model, loss_fn, name = build_critic(meta), _critic_loss, CRITIC_ASSET
+        if recipe.get("generated"):
+            g = recipe["generated"]
+            start = time.perf_counter()
+            pairs = generated_pairs(g["sequences"], g["clips"], g["seed"], progress=True).values()
+            recipe["pool"] = tuple(torch.cat(frames) for frames in zip(*pairs, strict=True))
+            print(f"[critic] {recipe['pool'][0].shape[0]} generated frames in "
+                  f"{time.perf_counter() - start:.0f} s", flush=True)
     else:
         model, loss_fn, name = build_estimator(meta), _estimator_loss, ESTIMATOR_ASSETS[which]
     dev = torch.device(device)
@@ -156,6 +199,7 @@ def train(which: str, *, steps: int | None = None, out: str | None = None, threa
             break
     minutes = (time.perf_counter() - start) / 60
     model.cpu()
+    recipe.pop("pool", None)
     meta["train"] = {**recipe, "steps_run": step + 1, "threads": threads, "device": dev.type,
                      "minutes": round(minutes, 2),
                      "final": {k: round(v, 5) for k, v in running.items()},

@@ -1,0 +1,74 @@
+"""The critic's training data: degraded renders and the base world model's own generations."""
+
+import json
+
+import torch
+
+from wc_fast.eval import KINDS as SETS
+from wc_fast.rewards import evaluate_reward_models as acceptance
+from wc_fast.rewards import train_reward_models as trainer
+
+
+def test_generated_pairs_hold_each_sets_true_and_generated_frames():
+    pairs = trainer.generated_pairs(2, 1, seed=11)
+    assert list(pairs) == list(SETS)
+    for true, made in pairs.values():
+        assert true.shape == made.shape == (2 * 4, 3, 32, 32)  # 2 sequences x 4 new frames
+        assert torch.isfinite(made).all() and not torch.equal(true, made)
+    again = trainer.generated_pairs(2, 1, seed=11)
+    for name in SETS:  # deterministic: the same rollout noise, the same frames
+        torch.testing.assert_close(again[name][1], pairs[name][1], rtol=0, atol=0)
+
+
+class _Recorder(torch.nn.Module):
+    """Scores a frame by its mean and keeps what it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.Tensor] = []
+        self.bias = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        self.seen.append(x)
+        return x.mean((2, 3, 4)) + self.bias
+
+
+def test_critic_loss_ranks_the_true_frames_of_the_pool_above_their_generations():
+    true = torch.full((5, 3, 32, 32), 0.5)
+    made = torch.full((5, 3, 32, 32), -0.5)
+    recipe = {"batch": 10, "data_seed": 3000, "generated": {"batch": 4}, "pool": (true, made)}
+    model = _Recorder()
+    loss, stats = trainer._critic_loss(model, 0, recipe, torch.Generator().manual_seed(0),
+                                       torch.device("cpu"))
+    frames = model.seen[0][:, 0]  # clean rows, then their negatives in the same order
+    clean, negative = frames.chunk(2)
+    assert frames.shape[0] == 2 * (10 + 4)
+    torch.testing.assert_close(clean[-4:], true[:4])
+    torch.testing.assert_close(negative[-4:], made[:4])
+    without = dict(recipe)
+    without.pop("pool")
+    model = _Recorder()
+    trainer._critic_loss(model, 0, without, torch.Generator().manual_seed(0), torch.device("cpu"))
+    assert model.seen[0].shape[0] == 2 * 10
+    assert torch.isfinite(loss) and 0.0 <= stats["pair_acc"] <= 1.0
+
+
+def test_critic_training_builds_the_pool_and_records_its_recipe(tmp_path, monkeypatch):
+    recipe = dict(trainer.RECIPES["critic"], generated={"sequences": 1, "clips": 1, "seed": 7,
+                                                        "batch": 2}, batch=10)
+    monkeypatch.setitem(trainer.RECIPES, "critic", recipe)
+    meta = trainer.train("critic", steps=2, out=str(tmp_path), log_every=1)
+    assert meta["train"]["generated"] == recipe["generated"] and "pool" not in meta["train"]
+    written = json.loads((tmp_path / "critic.json").read_text())
+    assert written["train"]["steps_run"] == 2
+    assert (tmp_path / "critic.safetensors").is_file()
+
+
+def test_true_vs_generated_reports_every_set():
+    critic = _Recorder()
+    report = acceptance.true_vs_generated(critic, sequences=2, clips=2)
+    assert list(report) == list(SETS)
+    for block in report.values():
+        assert 0.0 <= block["true_above_generated"] <= 1.0
+        assert len(block["generated_by_clip"]) == 2
+        assert all(isinstance(v, float) for v in block["generated_by_clip"])
