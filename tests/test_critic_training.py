@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from wc_fast.eval import KINDS as SETS
@@ -54,14 +55,25 @@ def test_critic_loss_ranks_the_true_frames_of_the_pool_above_their_generations()
 
 
 def test_critic_training_builds_the_pool_and_records_its_recipe(tmp_path, monkeypatch):
-    recipe = dict(trainer.RECIPES["critic"], generated={"sequences": 1, "clips": 1, "seed": 7,
-                                                        "batch": 2}, batch=10)
-    monkeypatch.setitem(trainer.RECIPES, "critic", recipe)
-    meta = trainer.train("critic", steps=2, out=str(tmp_path), log_every=1)
+    recipe = dict(trainer.RECIPES["critic_eval"], batch=10,
+                  generated={"sequences": 1, "clips": 1, "seed": 7, "batch": 2})
+    monkeypatch.setitem(trainer.RECIPES, "critic_eval", recipe)
+    meta = trainer.train("critic_eval", steps=2, out=str(tmp_path), log_every=1)
     assert meta["train"]["generated"] == recipe["generated"] and "pool" not in meta["train"]
-    written = json.loads((tmp_path / "critic.json").read_text())
+    written = json.loads((tmp_path / "critic_eval.json").read_text())
     assert written["train"]["steps_run"] == 2
-    assert (tmp_path / "critic.safetensors").is_file()
+    assert (tmp_path / "critic_eval.safetensors").is_file()
+    assert "generated" not in trainer.RECIPES["critic"]  # the reward's critic: degradations only
+
+
+def test_the_reward_and_the_evaluation_load_different_critics():
+    from wc_fast.rewards import load_critic
+    frames = torch.rand(2, 3, 3, 32, 32) * 2 - 1
+    reward, evaluation = load_critic("reward"), load_critic("eval")
+    assert not torch.allclose(reward(frames), evaluation(frames))
+    torch.testing.assert_close(load_critic()(frames), reward(frames))  # the default: reward
+    with pytest.raises(ValueError, match="which must be one of"):
+        load_critic("best")
 
 
 def test_true_vs_generated_reports_every_set():

@@ -4,10 +4,11 @@ For a held-out set of world prompts and action sequences (fixed seeds; a ``basic
 key per clip, a ``composite`` set with key combinations of 2 to 4 keys and a
 ``composite_2key`` set with exactly two keys per clip), the model generates every
 sequence autoregressively clip by clip with the deterministic ODE sampler. Each clip is scored
-with the EVALUATION camera estimator (not the one the RL reward uses) and the critic:
+with the EVALUATION camera estimator and the EVALUATION critic (not the ones the RL reward
+uses; the evaluation critic also ranks true renders above a world model's generations):
 - accuracy: fraction of frames whose full action (translation and rotation label) matches the
   command, best translation threshold per clip (:func:`action_accuracy`);
-- vq: the critic's mean score over the clip's frames at the reward stride.
+- vq: the evaluation critic's mean score over the clip's frames at ``vq_stride``.
 Reported per set, per horizon (short / medium / long = first, middle, last third of the clips)
 and per clip index (the exposure-bias view), like the WorldCompass paper's Table 1; the
 composite set also by the number of keys pressed.
@@ -135,7 +136,7 @@ def evaluate(model: TinyWorldDiT, settings: EvalSettings, *, estimator=None, cri
     estimator and critic: the ceiling the scoring itself allows.
     """
     estimator = estimator or load_estimator("eval", device="cpu")
-    critic = critic or load_critic(device="cpu")
+    critic = critic or load_critic("eval", device="cpu")
     cfg = model.cfg
     result: dict = {"settings": {k: getattr(settings, k) for k in settings.__slots__},
                     "ground_truth": {}, "by_clip": []}

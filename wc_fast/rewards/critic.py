@@ -1,9 +1,13 @@
 """Visual quality (VQ) scorers: frames -> one score per frame (the role of HPSv3).
 
-The embedded critic is a small per-frame CNN trained with a ranking loss to score clean renders
-of the synthetic world above degraded ones (see :mod:`wc_fast.rewards.degrade`). Scores are
-unbounded reals; higher is better. It sees one frame at a time, so a clip's motion (or the lack
-of it) cannot change its scores.
+Two embedded critics, small per-frame CNNs trained with a ranking loss. The ``reward`` critic
+(RL's VQ reward) scores clean renders of the synthetic world above degraded ones (see
+:mod:`wc_fast.rewards.degrade`). The ``eval`` critic (``python -m wc_fast.eval``'s VQ) is also
+trained to score true renders above the base world model's generations of the same frames,
+which the reward critic never saw and often scores above clean renders; like the two camera
+estimators, the evaluation does not grade with the reward's own model. Scores are unbounded
+reals; higher is better. A critic sees one frame at a time, so a clip's motion (or the lack of
+it) cannot change its scores.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from torch import Tensor, nn
 
 from wc_fast.rewards.weights import load_model_files
 
-CRITIC_ASSET = "critic"
+CRITIC_ASSETS = {"reward": "critic", "eval": "critic_eval"}
 
 
 @runtime_checkable
@@ -77,9 +81,12 @@ def build_critic(meta: dict) -> LearnedCritic:
     return LearnedCritic(FrameCritic(resolution=meta["resolution"]))
 
 
-def load_critic(*, device: str | torch.device = "cpu") -> LearnedCritic:
-    """The shipped embedded critic, in eval mode, no gradients."""
-    state, meta = load_model_files(CRITIC_ASSET)
+def load_critic(which: str = "reward", *, device: str | torch.device = "cpu") -> LearnedCritic:
+    """The shipped embedded critic ``which`` (``reward`` or ``eval``), in eval mode, no
+    gradients."""
+    if which not in CRITIC_ASSETS:
+        raise ValueError(f"which must be one of {sorted(CRITIC_ASSETS)}, got {which!r}")
+    state, meta = load_model_files(CRITIC_ASSETS[which])
     model = build_critic(meta)
     model.load_state_dict(state)
     model.requires_grad_(False)

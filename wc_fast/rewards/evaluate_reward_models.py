@@ -9,10 +9,10 @@ the held-out stream ``batch_seed(EVAL_DATA_SEED, i)`` that no training recipe us
   ground-truth renders (one action per clip, as the RL task commands); and the mean error of
   the estimated per-frame camera motion in units of the largest step (the world's speed
   varies, so this says whether the estimator measures how far the camera moved);
-- critic: how often a clean frame scores above its degraded version, per degradation; static
-  clips (no-op) against moving clean clips from the same start frames; and how often a true
-  render scores above the shipped base world model's generation of the same frame, per
-  evaluation set, on sequences of the held-out seed ``EVAL_DATA_SEED + 2``.
+- critics (reward and eval): how often a clean frame scores above its degraded version, per
+  degradation; static clips (no-op) against moving clean clips from the same start frames;
+  and how often a true render scores above the shipped base world model's generation of the
+  same frame, per evaluation set, on sequences of the held-out seed ``EVAL_DATA_SEED + 2``.
 """
 
 from __future__ import annotations
@@ -166,8 +166,9 @@ def evaluate(*, clips: int = 1000, threads: int = 2,
             "seconds": round(time.perf_counter() - start, 1)}
     if "critic" not in only:
         return report
-    critic = load_critic()
-    report["critic"] = {"pair_accuracy": critic_pairs(critic, clips=clips),
+    for which, name in (("reward", "critic"), ("eval", "critic_eval")):
+        critic = load_critic(which)
+        report[name] = {"pair_accuracy": critic_pairs(critic, clips=clips),
                         "static_vs_moving": static_vs_moving(critic, clips=clips),
                         "true_vs_generated": true_vs_generated(critic)}
     return report

@@ -1,4 +1,4 @@
-"""``python -m wc_fast.rewards.train_reward_models --which reward|eval|critic``.
+"""``python -m wc_fast.rewards.train_reward_models --which reward|eval|critic|critic_eval``.
 
 Trains one embedded reward model on freshly rendered clips of the synthetic world and writes it
 to ``wc_fast/assets/`` (or ``--out``). Each recipe has its own model seed and its own stream of
@@ -9,12 +9,12 @@ so no training batch shares a seed with the held-out evaluation stream
 - ``reward`` / ``eval``: camera estimators (:mod:`wc_fast.rewards.estimators`) learn each frame
   pair's relative pose (:func:`~wc_fast.rewards.estimators.pose_loss`), a new random action
   every frame, 10% no-op.
-- ``critic``: the VQ critic (:mod:`wc_fast.rewards.critic`), logistic ranking loss of each clean
-  frame against its degraded version, every degradation kind in every batch, and of each true
-  render against the shipped base world model's generation of the same frame
-  (:func:`generated_pairs`). Without the second kind the critic has never seen a world model's
-  frames after their errors compound over a long rollout, and it scores many such frames far
-  above clean renders.
+- ``critic``: the reward's VQ critic (:mod:`wc_fast.rewards.critic`), logistic ranking loss of
+  each clean frame against its degraded version, every degradation kind in every batch.
+- ``critic_eval``: the evaluation's VQ critic, the same plus each true render ranked against
+  the shipped base world model's generation of the same frame (:func:`generated_pairs`).
+  Without those pairs a critic has never seen a world model's frames after their errors
+  compound over a long rollout, and it scores many such frames far above clean renders.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from wc_fast.rewards.critic import CRITIC_ASSET, build_critic
+from wc_fast.rewards.critic import CRITIC_ASSETS, build_critic
 from wc_fast.rewards.degrade import KINDS, add_noise, degraded_pairs, gaussian_blur
 from wc_fast.rewards.estimators import (
     ESTIMATOR_ASSETS,
@@ -50,10 +50,12 @@ RECIPES = {
              "batch": 12, "clip_frames": 8, "lr": 2e-3, "composite_fraction": 0.6,
              "options": {"colour": False, "fine_radius": 2, "coarse_radius": 3}},
     "critic": {"arch": "frame_cnn", "model_seed": 33, "data_seed": 3000, "steps": 1500,
-               "batch": 40, "lr": 2e-3,
-               # generated negatives: sequences per evaluation set, clips per sequence, seed,
-               # and pairs per batch
-               "generated": {"sequences": 96, "clips": 6, "seed": 3500, "batch": 24}},
+               "batch": 40, "lr": 2e-3},
+    # the degradations of ``critic`` (the same seeds) plus generated negatives: sequences per
+    # evaluation set, clips per sequence, seed, and pairs per batch
+    "critic_eval": {"arch": "frame_cnn", "model_seed": 33, "data_seed": 3000, "steps": 1500,
+                    "batch": 40, "lr": 2e-3,
+                    "generated": {"sequences": 96, "clips": 6, "seed": 3500, "batch": 24}},
 }
 NOOP_FRACTION = 0.1
 AUGMENT_FRACTION = 0.3  # share of estimator training clips that are mildly blurred and noisy
@@ -163,8 +165,9 @@ def train(which: str, *, steps: int | None = None, out: str | None = None, threa
     torch.manual_seed(recipe["model_seed"])
     meta = {"arch": recipe["arch"], "resolution": 32, "translation_step": TRANSLATION_STEP,
             "rotation_step_deg": ROTATION_STEP_DEG, "options": recipe.get("options", {})}
-    if which == "critic":
-        model, loss_fn, name = build_critic(meta), _critic_loss, CRITIC_ASSET
+    if which in ("critic", "critic_eval"):
+        model, loss_fn = build_critic(meta), _critic_loss
+        name = CRITIC_ASSETS["eval" if which == "critic_eval" else "reward"]
         if recipe.get("generated"):
             g = recipe["generated"]
             start = time.perf_counter()
@@ -203,7 +206,7 @@ def train(which: str, *, steps: int | None = None, out: str | None = None, threa
     meta["train"] = {**recipe, "steps_run": step + 1, "threads": threads, "device": dev.type,
                      "minutes": round(minutes, 2),
                      "final": {k: round(v, 5) for k, v in running.items()},
-                     "noop_fraction": NOOP_FRACTION if which != "critic" else 0.0,
+                     "noop_fraction": 0.0 if which.startswith("critic") else NOOP_FRACTION,
                      "command": REGENERATE[name]}
     path = save_model(model, name, meta, out)
     print(f"[{which}] wrote {path} after {minutes:.1f} min")

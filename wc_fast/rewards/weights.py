@@ -18,6 +18,7 @@ REGENERATE = {
     "camera_reward": "python -m wc_fast.rewards.train_reward_models --which reward",
     "camera_eval": "python -m wc_fast.rewards.train_reward_models --which eval",
     "critic": "python -m wc_fast.rewards.train_reward_models --which critic",
+    "critic_eval": "python -m wc_fast.rewards.train_reward_models --which critic_eval",
 }
 
 
