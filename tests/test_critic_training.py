@@ -84,3 +84,16 @@ def test_true_vs_generated_reports_every_set():
         assert 0.0 <= block["true_above_generated"] <= 1.0
         assert len(block["generated_by_clip"]) == 2
         assert all(isinstance(v, float) for v in block["generated_by_clip"])
+
+
+@pytest.mark.parametrize("which", ["reward", "eval"])
+def test_reward_critic_option_picks_the_trainers_critic(which):
+    from wc_fast.config import preset
+    from wc_fast.models import TinyWorldDiT
+    from wc_fast.rewards import load_critic
+    from wc_fast.trainer import Trainer
+    cfg = preset("smoke")
+    cfg.reward.critic = which
+    trainer = Trainer(cfg, TinyWorldDiT(cfg.model), torch.device("cpu"))
+    frames = torch.rand(2, 3, 3, 32, 32) * 2 - 1
+    torch.testing.assert_close(trainer.critic(frames), load_critic(which)(frames))

@@ -31,6 +31,7 @@ StdMode = Literal["group", "global"]
 RewardKind = Literal["both", "if", "vq"]
 IfKind = Literal["label", "soft", "action", "trajectory"]
 VqMode = Literal["stride", "drift"]
+CriticKind = Literal["reward", "eval"]
 LossSpace = Literal[SPACES]  # the kernels' own choices (a tuple subscript unpacks)
 OldPrediction = Literal["old_model", "detached_current"]
 ContextKv = Literal["recompute", "recompute_grad", "reuse"]
@@ -187,6 +188,11 @@ class RewardConfig:
     errors against the commanded motion, ``(a, b) = trajectory_weights``
     (:func:`wc_fast.rewards.interaction.trajectory_score`).
 
+    ``critic``: which embedded critic scores VQ (:func:`wc_fast.rewards.load_critic`):
+    ``reward``, trained on degraded renders, or ``eval``, the one ``python -m wc_fast.eval``
+    grades with (also trained on the base model's own generations), for studies of rewarding
+    with the judge itself.
+
     Periodic decoupled training (World-R1, docs/design.md section 4.2): with
     ``decouple_every = K > 0``, the last ``decouple_length = P`` iterations of every ``K``
     (iteration ``k`` with ``k mod K >= K - P``) suspend the IF reward, take their advantages
@@ -206,6 +212,7 @@ class RewardConfig:
     trans_thresholds: tuple[float, ...] = (0.01, 0.02, 0.03, 0.04, 0.05)
     vq_stride: int = 4
     vq_mode: VqMode = "stride"
+    critic: CriticKind = "reward"
     decouple_every: int = 0
     decouple_length: int = 1
     decouple_min_keys: int = 2

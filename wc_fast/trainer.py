@@ -244,7 +244,7 @@ class Trainer:
         if self.compiled:
             self._velocity = {k: torch.compile(fn) for k, fn in self._velocity.items()}
         self.estimator = load_estimator("reward", device=device)
-        self.critic = load_critic(device=device)
+        self.critic = load_critic(cfg.reward.critic, device=device)
         # the reward estimator's own error on ground-truth renders: the unit of motion_spread
         self.estimator_error = estimator_motion_error(
             self.estimator, clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
