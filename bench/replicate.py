@@ -9,7 +9,8 @@ held-out sets (``--sequences`` x ``--clips``, evaluation estimator), the mean ca
 magnitude of the generated clips, the motion spread of its candidates
 (``bench/motion_spread.py``) and its median wall time per iteration (from its
 ``metrics.jsonl``). The base model is evaluated the same way. A finished run's numbers are
-kept in ``OUT/ROW_sSEED/study_*.json``, so an interrupted study resumes where it stopped.
+kept in ``OUT/ROW_sSEED/study_*.json`` (named by the evaluation size and the evaluation
+critic's weights), so an interrupted study resumes where it stopped.
 Finally ``--doc`` is rewritten with both tables and, row by row, whether the paper's ordering
 holds.
 
@@ -34,6 +35,7 @@ camera, strength 0.5), ``own_latents`` (each candidate's own motion latents in t
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import subprocess
@@ -52,7 +54,9 @@ from wc_fast.config import preset  # noqa: E402
 from wc_fast.eval import KINDS, EvalSettings, evaluate  # noqa: E402
 from wc_fast.models.pretrained import load_checkpoint_model  # noqa: E402
 from wc_fast.rewards import load_estimator  # noqa: E402
+from wc_fast.rewards.critic import CRITIC_ASSETS  # noqa: E402
 from wc_fast.rewards.exploration import camera_motion  # noqa: E402
+from wc_fast.rewards.weights import asset_paths  # noqa: E402
 
 # the paper's recipe on the cpu preset (all weights, two groups of 8 per update over 3 clips of
 # mixed commands, IF + VQ at lam 2/3, 300 iterations; the preset's defaults until it took the
@@ -116,6 +120,12 @@ def score(model_path: str | None, sequences: int, clips: int) -> dict:
     spread = measure_spread(model_path, groups=8)
     return {"eval": result, "motion": float(torch.stack(magnitudes).mean()),
             "spread": {k: spread[k]["motion_spread"] for k in ("basic", "composite_2key")}}
+
+
+def critic_id() -> str:
+    """The first 8 hex digits of the SHA-256 of the shipped evaluation critic's weights."""
+    weights, _ = asset_paths(CRITIC_ASSETS["eval"])
+    return hashlib.sha256(weights.read_bytes()).hexdigest()[:8]
 
 
 def row_steps(row: str) -> int:
@@ -308,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown rows {sorted(unknown)}; expected some of {list(ROWS)}")
     out = Path(args.out)
-    tag = f"{args.sequences}x{args.clips}"
+    # the evaluation critic's weights are part of a cached score's identity
+    tag = f"{args.sequences}x{args.clips}_critic-{critic_id()}"
     results = {"base": [cached(out / f"base_{tag}.json",
                                lambda: score(None, args.sequences, args.clips))]}
     for row in rows:

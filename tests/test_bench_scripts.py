@@ -214,3 +214,13 @@ def test_two_key_errors_reads_exact_poses_as_right_and_reports_each_kind(capsys)
     rows = [line for line in capsys.readouterr().out.splitlines() if line[:4] in
             ("| TR", "| RR", "| TT")]
     assert rows and sum(int(row.split("|")[2]) for row in rows) == 3
+
+
+def test_replicate_caches_are_named_by_the_evaluation_critic(monkeypatch, tmp_path):
+    replicate = _load("replicate")
+    first = replicate.critic_id()
+    assert len(first) == 8 and int(first, 16) >= 0
+    weights = tmp_path / "critic_eval.safetensors"
+    weights.write_bytes(b"other weights")
+    monkeypatch.setattr(replicate, "asset_paths", lambda name: (weights, None))
+    assert replicate.critic_id() != first
