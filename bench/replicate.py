@@ -9,8 +9,9 @@ held-out sets (``--sequences`` x ``--clips``, evaluation estimator), the mean ca
 magnitude of the generated clips, the motion spread of its candidates
 (``bench/motion_spread.py``) and its median wall time per iteration (from its
 ``metrics.jsonl``). The base model is evaluated the same way. A finished run's numbers are
-kept in ``OUT/ROW_sSEED/study_*.json`` (named by the evaluation size and the evaluation
-critic's weights), so an interrupted study resumes where it stopped.
+kept in ``--cache`` (``bench/results/study/ROW_sSEED_*.json``, named by the evaluation size
+and the evaluation critic's weights; small files meant to be committed), so an interrupted
+study resumes where it stopped, on this machine or another.
 Finally ``--doc`` is rewritten with both tables and, row by row, whether the paper's ordering
 holds.
 
@@ -310,27 +311,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="RL iterations per run")
     parser.add_argument("--sequences", type=int, default=64)
     parser.add_argument("--clips", type=int, default=6)
-    parser.add_argument("--out", default="runs/replicate")
+    parser.add_argument("--out", default="runs/replicate", help="training runs (checkpoints)")
+    parser.add_argument("--cache", default="bench/results/study",
+                        help="each finished (row, seed)'s numbers, small JSON files to commit")
     parser.add_argument("--doc", default="docs/replication.md")
     args = parser.parse_args(argv)
     rows = [r for r in args.rows.split(",") if r]
     unknown = set(rows) - set(ROWS)
     if unknown:
         parser.error(f"unknown rows {sorted(unknown)}; expected some of {list(ROWS)}")
-    out = Path(args.out)
-    # the evaluation critic's weights are part of a cached score's identity
+    out, cache = Path(args.out), Path(args.cache)
+    # the evaluation size and critic's weights are part of a cached score's identity
     tag = f"{args.sequences}x{args.clips}_critic-{critic_id()}"
-    results = {"base": [cached(out / f"base_{tag}.json",
+    results = {"base": [cached(cache / f"base_{tag}.json",
                                lambda: score(None, args.sequences, args.clips))]}
+
+    def train_and_score(row: str, seed: int) -> dict:
+        result = score(str(run(row, seed, out, args.steps)), args.sequences, args.clips)
+        return dict(result, seconds=iteration_seconds(out / f"{row}_s{seed}"))
+
     for row in rows:
         seeds = args.seeds if row == TABLE1_ROW else args.ablation_seeds
-        results[row] = []
-        for seed in range(seeds):
-            ckpt = run(row, seed, out, args.steps)
-            result = cached(out / f"{row}_s{seed}" / f"study_{tag}.json",
-                            lambda ckpt=ckpt: score(str(ckpt), args.sequences, args.clips))
-            result["seconds"] = iteration_seconds(out / f"{row}_s{seed}")
-            results[row].append(result)
+        results[row] = [cached(cache / f"{row}_s{seed}_{tag}.json",
+                               lambda row=row, seed=seed: train_and_score(row, seed))
+                        for seed in range(seeds)]
     command = "python bench/replicate.py " + " ".join(argv if argv is not None else sys.argv[1:])
     write_doc(Path(args.doc), results, command.strip(),
               {"sequences": args.sequences, "clips": args.clips})

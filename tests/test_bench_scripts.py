@@ -224,3 +224,23 @@ def test_replicate_caches_are_named_by_the_evaluation_critic(monkeypatch, tmp_pa
     weights.write_bytes(b"other weights")
     monkeypatch.setattr(replicate, "asset_paths", lambda name: (weights, None))
     assert replicate.critic_id() != first
+
+
+def test_replicate_reuses_cached_rows_without_training(tmp_path, monkeypatch):
+    replicate = _load("replicate")
+    tag = f"2x3_critic-{replicate.critic_id()}"
+    cache = tmp_path / "study"
+    cache.mkdir()
+    (cache / f"base_{tag}.json").write_text(json.dumps(_study_result(0.40, 1.0, 0.8)))
+    (cache / f"recipe_s0_{tag}.json").write_text(
+        json.dumps(dict(_study_result(0.55, 1.2, 0.8), seconds=3.0)))
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a cached row was trained again")
+
+    monkeypatch.setattr(replicate, "run", no_training)
+    monkeypatch.setattr(replicate, "score", no_training)
+    doc = tmp_path / "replication.md"
+    assert replicate.main(["--rows", "recipe", "--seeds", "1", "--sequences", "2", "--clips",
+                           "3", "--cache", str(cache), "--doc", str(doc)]) == 0
+    assert "| composite_2key | all | 0.400 | 0.550 | +0.150 |" in doc.read_text()
