@@ -235,9 +235,10 @@ def write_doc(doc: Path, results: dict, command: str, settings: dict) -> None:
              "below comes from that command). Evaluation: "
              f"{settings['sequences']} held-out sequences x {settings['clips']} clips per set, "
              "evaluation estimator, accuracy = fraction of frames whose translation and "
-             "rotation labels both match the command; VQ = the critic's mean score over the "
-             "generated frames. Mean +/- standard deviation over the training seeds where a "
-             "row has several; a change is trained minus base on the same held-out set.", ""]
+             "rotation labels both match the command; VQ = the evaluation critic's mean score "
+             "over the generated frames. Mean +/- standard deviation over the training seeds "
+             "where a row has several; a change is trained minus base on the same held-out "
+             "set.", ""]
     lines += _table1(results["base"][0], results.get(TABLE1_ROW, []))
     lines += ["", "## Table 2 analog: ablations", ""]
     lines += _table2(results)
