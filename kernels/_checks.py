@@ -55,13 +55,15 @@ def check_finite(name: str, t: Tensor) -> None:
 
 
 def check_range(name: str, t: Tensor, lo: float, hi: float) -> None:
-    """All elements of ``t`` are finite and within ``[lo, hi]``: one reduction (NaN fails the
-    comparisons too), and a second only to word the error."""
-    if not values_checkable() or bool(((t >= lo) & (t <= hi)).all()):
+    """All elements of ``t`` are finite and within ``[lo, hi]``: one fused min/max reduction
+    read back in one transfer (NaN propagates into both bounds and fails the comparison)."""
+    if not values_checkable() or t.numel() == 0:
+        return
+    low, high = torch.stack(torch.aminmax(t.detach())).tolist()
+    if lo <= low and high <= hi:
         return
     check_finite(name, t)
-    raise ValueError(f"{name} must lie in [{lo}, {hi}], got values in "
-                     f"[{t.min().item():.4g}, {t.max().item():.4g}]")
+    raise ValueError(f"{name} must lie in [{lo}, {hi}], got values in [{low:.4g}, {high:.4g}]")
 
 
 def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
