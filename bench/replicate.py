@@ -9,9 +9,11 @@ held-out sets (``--sequences`` x ``--clips``, evaluation estimator), the mean ca
 magnitude of the generated clips, the motion spread of its candidates
 (``bench/motion_spread.py``) and its median wall time per iteration (from its
 ``metrics.jsonl``). The base model is evaluated the same way. A finished run's numbers are
-kept in ``--cache`` (``bench/results/study/ROW_sSEED_*.json``, named by the evaluation size
-and the evaluation critic's weights; small files meant to be committed), so an interrupted
-study resumes where it stopped, on this machine or another.
+kept in ``--cache`` (``bench/results/study/ROW_sSEED_cfg-*_*.json``, small files meant to
+be committed), so an interrupted study resumes where it stopped, on this machine or another.
+A file's name carries a hash of the row's resolved training configuration and one of the
+evaluation's settings and shipped models, so changing a preset's default, an asset or the
+evaluation size starts that row afresh instead of reusing stale numbers.
 Finally ``--doc`` is rewritten with both tables and, row by row, whether the paper's ordering
 holds.
 
@@ -51,13 +53,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from motion_spread import measure as measure_spread  # noqa: E402
 
 from wc_fast import checkpoint  # noqa: E402
-from wc_fast.config import preset  # noqa: E402
+from wc_fast.cli import parse_run_args  # noqa: E402
+from wc_fast.config import preset, to_dict  # noqa: E402
 from wc_fast.eval import KINDS, EvalSettings, evaluate  # noqa: E402
 from wc_fast.models.pretrained import load_checkpoint_model  # noqa: E402
 from wc_fast.rewards import load_estimator  # noqa: E402
-from wc_fast.rewards.critic import CRITIC_ASSETS  # noqa: E402
 from wc_fast.rewards.exploration import camera_motion  # noqa: E402
-from wc_fast.rewards.weights import asset_paths  # noqa: E402
+from wc_fast.rewards.weights import ASSETS  # noqa: E402
 
 # the paper's recipe on the cpu preset (all weights, two groups of 8 per update over 3 clips of
 # mixed commands, IF + VQ at lam 2/3, 300 iterations; the preset's defaults until it took the
@@ -123,10 +125,28 @@ def score(model_path: str | None, sequences: int, clips: int) -> dict:
             "spread": {k: spread[k]["motion_spread"] for k in ("basic", "composite_2key")}}
 
 
-def critic_id() -> str:
-    """The first 8 hex digits of the SHA-256 of the shipped evaluation critic's weights."""
-    weights, _ = asset_paths(CRITIC_ASSETS["eval"])
-    return hashlib.sha256(weights.read_bytes()).hexdigest()[:8]
+def evaluation_id(sequences: int, clips: int) -> str:
+    """8 hex digits naming everything a score depends on besides the trained weights: the
+    evaluation's settings and every shipped model (base, estimators, critics), so a new asset
+    or setting never reuses an old score."""
+    digest = hashlib.sha256(repr(EvalSettings.from_config(
+        preset("cpu"), sequences=sequences, clips=clips)).encode())
+    for weights in sorted(ASSETS.glob("*.safetensors")):
+        digest.update(weights.read_bytes())
+    return digest.hexdigest()[:8]
+
+
+def training_args(row: str, seed: int, steps: int | None) -> list[str]:
+    """The ``wc_fast.train`` arguments of one (row, seed), without its output folder."""
+    extra = ["--steps", str(steps)] if steps is not None else []
+    return ["--train.seed", str(seed), "--train.eval_at_end", "false", *ROWS[row], *extra]
+
+
+def training_id(row: str, seed: int, steps: int | None) -> str:
+    """8 hex digits of the resolved training configuration of one (row, seed): a change to the
+    preset's defaults gives the row a new run folder and cache file."""
+    cfg = parse_run_args("replicate", "", training_args(row, seed, steps)).config
+    return hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True).encode()).hexdigest()[:8]
 
 
 def row_steps(row: str) -> int:
@@ -137,18 +157,17 @@ def row_steps(row: str) -> int:
     return preset("cpu").train.steps
 
 
-def run(row: str, seed: int, out: Path, steps: int | None) -> Path:
-    """Train one (row, seed) unless its final checkpoint exists; returns the checkpoint."""
-    folder = out / f"{row}_s{seed}"
-    args = [sys.executable, "-m", "wc_fast.train", "--out", str(folder), "--train.seed",
-            str(seed), "--train.eval_at_end", "false", *ROWS[row]]
-    if steps is not None:
-        args += ["--steps", str(steps)]
+def run(row: str, seed: int, folder: Path, steps: int | None) -> Path:
+    """Train one (row, seed) into ``folder`` unless its final checkpoint is there; returns the
+    checkpoint."""
+    args = [sys.executable, "-m", "wc_fast.train", "--out", str(folder),
+            *training_args(row, seed, steps)]
     want = steps or row_steps(row)
     found = checkpoint.list_checkpoints(folder) if folder.is_dir() else []
     if not found or int(found[-1].name.split("_")[-1]) < want:
         start = time.perf_counter()
         resume = ["--resume"] if found else []
+        folder.parent.mkdir(parents=True, exist_ok=True)
         with open(folder.with_suffix(".log"), "a") as log:
             subprocess.run(args + resume, check=True, stdout=log, stderr=subprocess.STDOUT)
         print(f"{row} seed {seed}: trained in {(time.perf_counter() - start) / 60:.1f} min")
@@ -322,20 +341,23 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown rows {sorted(unknown)}; expected some of {list(ROWS)}")
     out, cache = Path(args.out), Path(args.cache)
-    # the evaluation size and critic's weights are part of a cached score's identity
-    tag = f"{args.sequences}x{args.clips}_critic-{critic_id()}"
+    tag = f"{args.sequences}x{args.clips}_eval-{evaluation_id(args.sequences, args.clips)}"
     results = {"base": [cached(cache / f"base_{tag}.json",
                                lambda: score(None, args.sequences, args.clips))]}
 
-    def train_and_score(row: str, seed: int) -> dict:
-        result = score(str(run(row, seed, out, args.steps)), args.sequences, args.clips)
-        return dict(result, seconds=iteration_seconds(out / f"{row}_s{seed}"))
+    def train_and_score(row: str, seed: int, name: str) -> dict:
+        folder = out / name
+        result = score(str(run(row, seed, folder, args.steps)), args.sequences, args.clips)
+        return dict(result, seconds=iteration_seconds(folder))
 
     for row in rows:
         seeds = args.seeds if row == TABLE1_ROW else args.ablation_seeds
-        results[row] = [cached(cache / f"{row}_s{seed}_{tag}.json",
-                               lambda row=row, seed=seed: train_and_score(row, seed))
-                        for seed in range(seeds)]
+        results[row] = []
+        for seed in range(seeds):
+            name = f"{row}_s{seed}_cfg-{training_id(row, seed, args.steps)}"
+            results[row].append(cached(cache / f"{name}_{tag}.json",
+                                       lambda row=row, seed=seed, name=name:
+                                       train_and_score(row, seed, name)))
     command = "python bench/replicate.py " + " ".join(argv if argv is not None else sys.argv[1:])
     write_doc(Path(args.doc), results, command.strip(),
               {"sequences": args.sequences, "clips": args.clips})

@@ -216,23 +216,29 @@ def test_two_key_errors_reads_exact_poses_as_right_and_reports_each_kind(capsys)
     assert rows and sum(int(row.split("|")[2]) for row in rows) == 3
 
 
-def test_replicate_caches_are_named_by_the_evaluation_critic(monkeypatch, tmp_path):
+def test_replicate_names_caches_by_evaluation_assets_and_training_config(monkeypatch, tmp_path):
     replicate = _load("replicate")
-    first = replicate.critic_id()
+    first = replicate.evaluation_id(2, 3)
     assert len(first) == 8 and int(first, 16) >= 0
-    weights = tmp_path / "critic_eval.safetensors"
-    weights.write_bytes(b"other weights")
-    monkeypatch.setattr(replicate, "asset_paths", lambda name: (weights, None))
-    assert replicate.critic_id() != first
+    assert replicate.evaluation_id(2, 4) != first  # the evaluation size is part of it
+    (tmp_path / "critic_eval.safetensors").write_bytes(b"other weights")
+    monkeypatch.setattr(replicate, "ASSETS", tmp_path)
+    assert replicate.evaluation_id(2, 3) != first  # so is every shipped model
+    recipe = replicate.training_id("recipe", 0, None)
+    assert replicate.training_id("recipe", 1, None) != recipe
+    assert replicate.training_id("recipe_if_only", 0, None) != recipe
+    monkeypatch.setitem(replicate.ROWS, "recipe", ["--reward.lam", "0.5"])
+    assert replicate.training_id("recipe", 0, None) != recipe  # a changed recipe is a new row
 
 
 def test_replicate_reuses_cached_rows_without_training(tmp_path, monkeypatch):
     replicate = _load("replicate")
-    tag = f"2x3_critic-{replicate.critic_id()}"
+    tag = f"2x3_eval-{replicate.evaluation_id(2, 3)}"
+    name = f"recipe_s0_cfg-{replicate.training_id('recipe', 0, None)}"
     cache = tmp_path / "study"
     cache.mkdir()
     (cache / f"base_{tag}.json").write_text(json.dumps(_study_result(0.40, 1.0, 0.8)))
-    (cache / f"recipe_s0_{tag}.json").write_text(
+    (cache / f"{name}_{tag}.json").write_text(
         json.dumps(dict(_study_result(0.55, 1.2, 0.8), seconds=3.0)))
 
     def no_training(*args, **kwargs):
