@@ -432,16 +432,18 @@ def _cpu() -> Config:
     cfg.reward.rot_threshold_deg = 2.0
     cfg.train.eval_sequences = 16
     # the RL recipe that raises two-key accuracy here (docs/design.md section 4.3,
-    # bench/RESULTS.md "Exploration in camera motion"): each candidate under its own random
-    # camera motion, a linear keys-to-motion branch, only the conditioning pathway trained,
-    # eight groups of 8 per update on clip 1 of two-key prompts, IF weighted 0.8
+    # bench/RESULTS.md "Exploration in camera motion" and "Basic commands in the update"):
+    # each candidate under its own random camera motion, a linear keys-to-motion branch, only
+    # the conditioning pathway trained, ten groups of 8 per update on clip 1 (a fifth of them
+    # basic prompts, so the weights that draw every command's frames also see basic ones), IF
+    # weighted 0.8
     cfg.model.pose_branch = True
     cfg.rollout.warp_exploration = 0.25
     cfg.optim.trainable = "conditioning"
     cfg.optim.lr = 6e-4
-    cfg.rollout.groups_per_rank = 8
+    cfg.rollout.groups_per_rank = 10
     cfg.rollout.num_clips = 1
-    cfg.rollout.composite_fraction = 1.0
+    cfg.rollout.composite_fraction = 0.8
     cfg.reward.lam = 0.8
     cfg.ema.end = 0.5
     cfg.train.steps = 60
