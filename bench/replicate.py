@@ -1,6 +1,6 @@
 """The WorldCompass study on the embedded world: Table 1 and Table 2 analogs.
 
-    python bench/replicate.py [--seeds 3] [--rows recipe,recipe_if_only,...]
+    python bench/replicate.py [--seeds 3] [--ablation-seeds 1] [--rows recipe,recipe_sde:3,...]
                               [--out runs/replicate] [--doc docs/replication.md]
 
 Each (row, seed) is one ``python -m wc_fast.train`` run of the ``cpu`` preset (one at a time,
@@ -23,7 +23,11 @@ following here (docs/design.md section 4.3); Table 1 compares it with the base o
 ``recipe_vq_only``, ``recipe_sde`` (same-noise SDE exploration, DanceGRPO-style: one initial
 noise per group and no exploration in camera motion), and ``recipe_sample`` (sample-level
 rollouts) against ``recipe_3clips`` (clip-level), both over clips 1-3 because on clip 1 alone
-there is no history to share and the two coincide.
+there is no history to share and the two coincide. Then the GRPO family and World-R1's
+recipe as one change each to the recipe (``recipe_flow_grpo``, ``recipe_flow_grpo_same``,
+``recipe_flow_grpo_fast``, ``recipe_trajectory``, ``recipe_decoupled``, ``recipe_noise_warp``,
+the same changes as the paper family's rows below; the GRPO rows explore by their SDE noise
+alone, as exploration in camera motion is the NFT update's).
 
 The second family is the paper's recipe (``PAPER_RECIPE``), under which RL does not raise
 action following on this world: ``full`` (clip-level rollouts, IF + VQ), ``sample``,
@@ -70,22 +74,34 @@ PAPER_RECIPE = ["--model.pose_branch", "false", "--rollout.warp_exploration", "0
                 "--rollout.groups_per_rank", "2", "--rollout.num_clips", "3",
                 "--rollout.composite_fraction", "0.5", "--reward.lam", str(2 / 3),
                 "--ema.end", "0.8", "--nft.compile", "true", "--train.steps", "300"]
-PAPER_ROWS = {name: [*PAPER_RECIPE, *change] for name, change in {
-    "full": [], "sample": ["--rollout.mode", "sample"], "if_only": ["--reward.kind", "if"],
-    "vq_only": ["--reward.kind", "vq"], "sde": ["--rollout.exploration", "sde"],
-    "own_latents": ["--nft.latent_pairing", "own"],
+# the GRPO family and World-R1's recipe (issue 17), each one change to a family's full row
+GRPO_FAMILY = {
     "flow_grpo": ["--train.update", "flow_grpo"],
     "flow_grpo_same": ["--train.update", "flow_grpo", "--grpo.same_noise", "true"],
     "flow_grpo_fast": ["--train.update", "flow_grpo", "--grpo.window", "2"],
     "trajectory": ["--reward.if_kind", "trajectory"],
     "decoupled": ["--reward.decouple_every", "10", "--reward.decouple_length", "2"],
-    "noise_warp": ["--rollout.noise_warp", "0.5"]}.items()}
-# the default recipe and the paper's ablations of it, then the paper's family
+    "noise_warp": ["--rollout.noise_warp", "0.5"]}
+GRPO_TITLES = {"flow_grpo": "Flow-GRPO (per-candidate noise)",
+               "flow_grpo_same": "Flow-GRPO, one noise per group (DanceGRPO)",
+               "flow_grpo_fast": "Flow-GRPO-Fast (SDE window of 2 steps)",
+               "trajectory": "World-R1 trajectory reward",
+               "decoupled": "periodic VQ-only phases", "noise_warp": "noise warped along the camera"}
+PAPER_ROWS = {name: [*PAPER_RECIPE, *change] for name, change in {
+    "full": [], "sample": ["--rollout.mode", "sample"], "if_only": ["--reward.kind", "if"],
+    "vq_only": ["--reward.kind", "vq"], "sde": ["--rollout.exploration", "sde"],
+    "own_latents": ["--nft.latent_pairing", "own"], **GRPO_FAMILY}.items()}
+# exploration in camera motion moves the NFT update's warp head, so the GRPO updates of the
+# default recipe explore by their SDE noise alone, as the recipe_sde row does
+NO_WARP_EXPLORATION = ["--rollout.warp_exploration", "0"]
+# the default recipe and the paper's ablations of it, its GRPO family, then the paper's family
 ROWS = {"recipe": [], "recipe_if_only": ["--reward.kind", "if"],
         "recipe_vq_only": ["--reward.kind", "vq"],
-        "recipe_sde": ["--rollout.exploration", "sde", "--rollout.warp_exploration", "0"],
+        "recipe_sde": ["--rollout.exploration", "sde", *NO_WARP_EXPLORATION],
         "recipe_3clips": ["--rollout.num_clips", "3"],
-        "recipe_sample": ["--rollout.num_clips", "3", "--rollout.mode", "sample"]} | PAPER_ROWS
+        "recipe_sample": ["--rollout.num_clips", "3", "--rollout.mode", "sample"]} | {
+    f"recipe_{name}": [*(NO_WARP_EXPLORATION if "flow_grpo" in change else []), *change]
+    for name, change in GRPO_FAMILY.items()} | PAPER_ROWS
 TABLE1_ROW = "recipe"
 # each family's full row, the prefix of its ablations' names, and its name in the doc
 FAMILIES = (("recipe", "recipe_", "default recipe"), ("full", "", "paper recipe"))
@@ -94,18 +110,14 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "if_only": "paper recipe, IF reward only", "vq_only": "paper recipe, VQ reward only",
           "sde": "paper recipe, same-noise SDE exploration",
           "own_latents": "paper recipe, each candidate's own latents in the update",
-          "flow_grpo": "paper recipe, Flow-GRPO (per-candidate noise)",
-          "flow_grpo_same": "paper recipe, Flow-GRPO, one noise per group (DanceGRPO)",
-          "flow_grpo_fast": "paper recipe, Flow-GRPO-Fast (SDE window of 2 steps)",
-          "trajectory": "paper recipe, World-R1 trajectory reward",
-          "decoupled": "paper recipe, periodic VQ-only phases",
-          "noise_warp": "paper recipe, noise warped along the camera",
           "recipe": "the default recipe (exploration in camera motion)",
           "recipe_if_only": "default recipe, IF reward only",
           "recipe_vq_only": "default recipe, VQ reward only",
           "recipe_sde": "default recipe, same-noise SDE exploration",
           "recipe_3clips": "default recipe on clips 1-3",
-          "recipe_sample": "default recipe on clips 1-3, sample-level rollouts"}
+          "recipe_sample": "default recipe on clips 1-3, sample-level rollouts"} | {
+    f"{prefix}{name}": f"{family}, {title}" for _, prefix, family in FAMILIES
+    for name, title in GRPO_TITLES.items()}
 
 
 def score(model_path: str | None, sequences: int, clips: int) -> dict:
@@ -232,8 +244,8 @@ def _table2(results: dict) -> list[str]:
     lines = ["| row | seeds | two-key acc | composite acc | basic acc | VQ (basic / two-key) "
              "| motion (steps/frame) | motion spread (basic / two-key) | s / iteration (x full) |",
              "|---|---|---|---|---|---|---|---|---|"]
-    nft_seconds = [r["seconds"] for r in results.get("full", []) if "seconds" in r]
     for row, runs in results.items():
+        nft_seconds = [r["seconds"] for r in results.get(family_full(row), []) if "seconds" in r]
         def col(f, runs=runs):
             return _mean_sd([f(r) for r in runs])
         lines.append(
@@ -262,15 +274,22 @@ def write_doc(doc: Path, results: dict, command: str, settings: dict) -> None:
     lines += ["", "## Table 2 analog: ablations", ""]
     lines += _table2(results)
     lines += ["", "s / iteration: the median over a run's iterations of rollout + reward + train "
-              "seconds (its `metrics.jsonl`), and its ratio to the paper recipe's `full` (NFT) "
-              "row's; comparable only between runs made on an otherwise idle machine.",
+              "seconds (its `metrics.jsonl`), and its ratio to its family's full NFT row's "
+              "(`recipe` or the paper recipe's `full`); comparable only between runs made on an otherwise idle machine.",
               "", "## Does the paper's ordering hold?", ""]
     lines += orderings(results)
     doc.write_text("\n".join(lines) + "\n")
 
 
+def family_full(row: str) -> str | None:
+    """The full NFT row of ``row``'s family (``recipe`` or ``full``); None for the base."""
+    if row == "base":
+        return None
+    return next(full for full, prefix, _ in FAMILIES if row == full or row.startswith(prefix))
+
+
 def _speed(runs: list[dict], nft_seconds: list[float]) -> str:
-    """Mean seconds per iteration of a row's runs, and its ratio to the ``full`` (NFT) row's."""
+    """Mean seconds per iteration of a row's runs, and its ratio to its family's full row's."""
     seconds = [r["seconds"] for r in runs if "seconds" in r]
     if not seconds:
         return "-"
@@ -314,10 +333,10 @@ def orderings(results: dict) -> list[str]:
             ok = mean(name.format("sde"), two_key) - base < mean(full, two_key) - base
             checks.append(("same-noise SDE exploration gains less two-key accuracy than full"
                            + family, ok))
-    if "flow_grpo_same" in results and "full" in results:
-        ok = mean("full", two_key) > mean("flow_grpo_same", two_key)
-        checks.append(("NFT ends with higher two-key accuracy than DanceGRPO-style GRPO "
-                       "(paper recipe)", ok))
+        if name.format("flow_grpo_same") in results:
+            ok = mean(full, two_key) > mean(name.format("flow_grpo_same"), two_key)
+            checks.append(("NFT ends with higher two-key accuracy than DanceGRPO-style GRPO"
+                           + family, ok))
     return [f"- {text}: **{'yes' if ok else 'no'}**" for text, ok in checks] or [
         "- (no ablation rows run)"]
 
@@ -327,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3,
                         help=f"training seeds of Table 1's row ({TABLE1_ROW})")
     parser.add_argument("--ablation-seeds", type=int, default=1)
-    parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--rows", default=",".join(ROWS),
+                        help="ROW or ROW:SEEDS, comma-separated; SEEDS overrides --seeds or "
+                             "--ablation-seeds for that row")
     parser.add_argument("--steps", type=int, default=None, help="RL iterations per run")
     parser.add_argument("--sequences", type=int, default=64)
     parser.add_argument("--clips", type=int, default=6)
@@ -336,10 +357,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="each finished (row, seed)'s numbers, small JSON files to commit")
     parser.add_argument("--doc", default="docs/replication.md")
     args = parser.parse_args(argv)
-    rows = [r for r in args.rows.split(",") if r]
-    unknown = set(rows) - set(ROWS)
-    if unknown:
-        parser.error(f"unknown rows {sorted(unknown)}; expected some of {list(ROWS)}")
+    rows = {}
+    for entry in filter(None, args.rows.split(",")):
+        row, _, count = entry.partition(":")
+        if row not in ROWS:
+            parser.error(f"--rows: unknown row {row!r}; expected some of {list(ROWS)}")
+        if count and not (count.isdigit() and int(count) >= 1):
+            parser.error(f"--rows: {entry!r} should be ROW:SEEDS with SEEDS an integer >= 1")
+        default = args.seeds if row == TABLE1_ROW else args.ablation_seeds
+        rows[row] = int(count) if count else default
     out, cache = Path(args.out), Path(args.cache)
     tag = f"{args.sequences}x{args.clips}_eval-{evaluation_id(args.sequences, args.clips)}"
     results = {"base": [cached(cache / f"base_{tag}.json",
@@ -350,8 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         result = score(str(run(row, seed, folder, args.steps)), args.sequences, args.clips)
         return dict(result, seconds=iteration_seconds(folder))
 
-    for row in rows:
-        seeds = args.seeds if row == TABLE1_ROW else args.ablation_seeds
+    for row, seeds in rows.items():
         results[row] = []
         for seed in range(seeds):
             name = f"{row}_s{seed}_cfg-{training_id(row, seed, args.steps)}"

@@ -162,6 +162,55 @@ def test_replicate_reports_iteration_time_and_the_grpo_ordering(tmp_path):
     assert "higher two-key accuracy than DanceGRPO-style GRPO (paper recipe): **no**" in text
 
 
+def test_replicate_times_and_orders_the_recipe_family_against_the_recipe(tmp_path):
+    replicate = _load("replicate")
+    results = {"base": [_study_result(0.40, 1.0, 0.8)],
+               "recipe": [dict(_study_result(0.55, 1.5, 0.8), seconds=5.0)],
+               "recipe_flow_grpo_same": [dict(_study_result(0.41, 1.5, 0.8), seconds=10.0)],
+               "full": [dict(_study_result(0.42, 1.1, 0.8), seconds=1.0)]}
+    doc = tmp_path / "replication.md"
+    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    text = doc.read_text()
+    # the GRPO row of the recipe is timed against the recipe, not the paper's full row
+    assert ("| default recipe, Flow-GRPO, one noise per group (DanceGRPO) | 1 | 0.410 |"
+            in text)
+    assert "| 10.00 (2.00x) |" in text and "| 1.00 (1.00x) |" in text
+    assert "DanceGRPO-style GRPO (default recipe): **yes**" in text
+    assert "(paper recipe): **" not in text  # no GRPO row of the paper's family was run
+    assert replicate.family_full("recipe_trajectory") == "recipe"
+    assert replicate.family_full("trajectory") == "full"
+    assert replicate.family_full("base") is None
+    # the recipe's GRPO rows turn off exploration in camera motion (NFT's), the others keep it
+    assert "--rollout.warp_exploration" in replicate.ROWS["recipe_flow_grpo_fast"]
+    assert replicate.ROWS["recipe_noise_warp"] == ["--rollout.noise_warp", "0.5"]
+
+
+def test_replicate_takes_a_seed_count_per_row(tmp_path, monkeypatch):
+    replicate = _load("replicate")
+    trained = []
+
+    def fake_train(row, seed, folder, steps):
+        trained.append((row, seed))
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text(json.dumps(
+            {"rollout_s": 1.0, "reward_s": 0.0, "train_s": 1.0}) + "\n")
+        return folder
+
+    monkeypatch.setattr(replicate, "run", fake_train)
+    monkeypatch.setattr(replicate, "score", lambda *a: _study_result(0.5, 1.0, 0.8))
+    doc = tmp_path / "replication.md"
+    common = ["--sequences", "2", "--clips", "3", "--out", str(tmp_path / "runs"),
+              "--cache", str(tmp_path / "study"), "--doc", str(doc)]
+    assert replicate.main(["--rows", "recipe:1,recipe_sde:2,recipe_trajectory",
+                           "--ablation-seeds", "1", *common]) == 0
+    assert [r for r in trained if r[0] != "base"] == [
+        ("recipe", 0), ("recipe_sde", 0), ("recipe_sde", 1), ("recipe_trajectory", 0)]
+    assert "| default recipe, same-noise SDE exploration | 2 |" in doc.read_text()
+    for bad in ("recipe:0", "recipe:x", "nope:2"):
+        with pytest.raises(SystemExit):
+            replicate.main(["--rows", bad, *common])
+
+
 def test_motion_spread_measures_each_kind(tmp_path):
     result = _load("motion_spread").measure(None, groups=1, group_size=2)
     for kind in ("basic", "composite_2key"):
