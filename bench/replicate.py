@@ -86,7 +86,8 @@ GRPO_TITLES = {"flow_grpo": "Flow-GRPO (per-candidate noise)",
                "flow_grpo_same": "Flow-GRPO, one noise per group (DanceGRPO)",
                "flow_grpo_fast": "Flow-GRPO-Fast (SDE window of 2 steps)",
                "trajectory": "World-R1 trajectory reward",
-               "decoupled": "periodic VQ-only phases", "noise_warp": "noise warped along the camera"}
+               "decoupled": "periodic VQ-only phases",
+               "noise_warp": "noise warped along the camera"}
 PAPER_ROWS = {name: [*PAPER_RECIPE, *change] for name, change in {
     "full": [], "sample": ["--rollout.mode", "sample"], "if_only": ["--reward.kind", "if"],
     "vq_only": ["--reward.kind", "vq"], "sde": ["--rollout.exploration", "sde"],
@@ -275,7 +276,8 @@ def write_doc(doc: Path, results: dict, command: str, settings: dict) -> None:
     lines += _table2(results)
     lines += ["", "s / iteration: the median over a run's iterations of rollout + reward + train "
               "seconds (its `metrics.jsonl`), and its ratio to its family's full NFT row's "
-              "(`recipe` or the paper recipe's `full`); comparable only between runs made on an otherwise idle machine.",
+              "(`recipe` or the paper recipe's `full`); comparable only between runs made on "
+              "an otherwise idle machine.",
               "", "## Does the paper's ordering hold?", ""]
     lines += orderings(results)
     doc.write_text("\n".join(lines) + "\n")
