@@ -27,7 +27,10 @@ REDUCTIONS = ("mean", "sum", "none")
 # "public" is wc_kernels.nft_loss(backend="native") with autograd, when that backend is wired;
 # "native" (last: it reads the others' times) calls the extension directly.
 CONTENDERS = ("eager", "compile", "public", "native")
-FLOW_SHAPE = (6, 20, 16 * 4 * 16 * 16)  # S, K, D: 6 clean latents at 20 sigmas, 2M outputs
+# S, K, D: 6 clean latents at 20 sigmas (2M elements per output, which stay in a 32 MiB
+# cache), and 6 latents of one Wan 480p clip (4 latent frames x 16 channels x 60 x 104) at
+# NFT's 5 sigmas (12M elements per output, written with streaming stores)
+FLOW_SHAPES = ((6, 20, 16 * 4 * 16 * 16), (6, 5, 4 * 16 * 60 * 104))
 GRPO_SHAPE = (8, 1 << 20)  # 8 samples of 1M latent elements
 GRPO_KW = {"noise_level": 0.7, "clip_range": 0.2, "adv_clip_max": 5.0, "sigma_max": 0.98,
            "kl_beta": 0.04}
@@ -120,9 +123,9 @@ def test_nft_loss_and_grad(benchmark, nft_inputs, space, reduction, contender):
     _record(benchmark, group, contender)
 
 
-@pytest.fixture(scope="module")
-def flow_inputs():
-    s, k, d = FLOW_SHAPE
+@pytest.fixture(scope="module", params=FLOW_SHAPES, ids=lambda shape: f"S{shape[0]}K{shape[1]}")
+def flow_inputs(request):
+    s, k, d = request.param
     gen = torch.Generator().manual_seed(0)
     return (torch.randn(s, d, generator=gen), torch.rand(s, k, generator=gen),
             torch.randn(s * k, d, generator=gen))
@@ -130,7 +133,7 @@ def flow_inputs():
 
 @pytest.mark.parametrize("contender", ("eager", "compile", "public", "native"))
 def test_flow_noise(benchmark, flow_inputs, contender):
-    s, k, d = FLOW_SHAPE
+    (s, k), d = flow_inputs[1].shape, flow_inputs[0].shape[1]
     group = f"flow_noise fp32 S={s} K={k} D={d}"
     benchmark.group = group
     fn = {"eager": reference.flow_noise,

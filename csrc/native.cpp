@@ -23,10 +23,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #if defined(__linux__)
@@ -128,6 +131,25 @@ std::atomic<Isa> g_isa{best_isa()};
 // the kernel never wrote from one it wrote (allocation may reuse memory holding old results).
 std::atomic<bool> g_poison_outputs{false};
 
+// Outputs of a pass larger than this together are written with streaming stores (see
+// stream_bytes in simd_kernels.h). 32 MiB is one CCD's L3 on EPYC and about half a Xeon's:
+// on a 2-core EPYC VM (32 MiB L3), flow_noise with plain stores was 1.4x faster at 16 MB of
+// outputs and with streaming stores 1.4x faster at 96 MB (bench/RESULTS.md). A fixed size,
+// because what sysconf reports for the last-level cache on a VM is the host's (256 MiB there).
+std::atomic<int64_t> g_stream_min_bytes{int64_t{32} << 20};
+
+int64_t set_stream_min_bytes(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "set_stream_min_bytes: bytes must be >= 0, got ", bytes);
+  return g_stream_min_bytes.exchange(bytes);
+}
+
+// Makes a task's streaming stores visible before the thread that waits for it reads them.
+void stream_fence() {
+#if WC_HAVE_X86_VARIANTS
+  _mm_sfence();
+#endif
+}
+
 std::vector<std::string> available_isas() {
   std::vector<std::string> names;
   for (Isa isa : kIsas) {
@@ -152,7 +174,8 @@ template <class T, class A>
 struct Kernels {
   void (*abs_sums)(const T*, const T*, const T*, int64_t, A, double*);
   void (*square_sums_grad)(const T*, const T*, const T*, T*, int64_t, A, A, A, double*);
-  void (*flow_noise_segment)(const T*, const A*, int64_t, const T*, T*, T*, int64_t, int64_t);
+  void (*flow_noise_segment)(const T*, const A*, int64_t, const T*, T*, T*, int64_t, int64_t,
+                             bool);
   void (*sde_sums)(const T*, const T*, const T*, const T*, int64_t, A, A, double*);
   void (*sde_grad)(const T*, const T*, const T*, const T*, T*, int64_t, A, A, A, A);
 };
@@ -250,32 +273,109 @@ at::Tensor checked_params(const char* op, const char* name, const at::Tensor& t,
 
 at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
-// ---- Outputs. glibc serves allocations above 32 MiB (its largest mmap threshold) with fresh
-// pages every time, so a 64 MiB gradient from the default allocator costs 16384 page faults,
-// which on a 2-core VM take longer than the kernel's arithmetic (about 17 ms against 10 ms for
-// 16M fp32 elements). Such outputs are therefore allocated 2 MiB-aligned and marked for
-// transparent huge pages (madvise), as c10 does for every allocation under
-// THP_MEM_ALLOC_ENABLE=1: 32 faults instead of 16384. Smaller outputs keep the default
-// allocator, whose heap reuses memory without faults. Where the kernel refuses huge pages the
-// advice is ignored and nothing else changes.
+// ---- Outputs. Every fresh page an output touches is a page fault, and glibc hands large
+// blocks back to the system when they are freed: blocks above its mmap threshold (at most
+// 32 MiB) are unmapped, and freeing a large block at the top of the heap trims it. So a
+// kernel called in a loop faults its outputs in again on every call: 3808 faults per call for
+// flow_noise's two 7.9 MB outputs (14 ms against about 1 ms of arithmetic, 2-core VM), 16384
+// for a 64 MiB gradient. Outputs of at least kCachedMinBytes therefore come from blocks that
+// are 2 MiB-aligned and marked for transparent huge pages (as c10 does for every allocation
+// under THP_MEM_ALLOC_ENABLE=1), and a freed block is kept in a small cache (at most
+// g_cache_limit bytes in all, 1 GiB unless set_output_cache_bytes changes it) and handed out
+// again for the next output of the same rounded size, so a loop over one shape faults once.
+// Smaller outputs use the default allocator. Where the kernel refuses huge pages the advice
+// is ignored and nothing else changes.
 
 constexpr size_t kHugePage = size_t{2} << 20;
-constexpr size_t kHugePageMinBytes = size_t{32} << 20;
+constexpr size_t kCachedMinBytes = size_t{4} << 20;
 
-void free_output(void* ptr) { std::free(ptr); }
+class OutputCache {
+ public:
+  // A block of `size` bytes from the cache, or nullptr if none of that size is kept.
+  void* take(size_t size) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+      if (it->second == size) {
+        void* ptr = it->first;
+        blocks_.erase(std::next(it).base());
+        cached_ -= size;
+        return ptr;
+      }
+    }
+    return nullptr;
+  }
 
-class HugePageAllocator final : public c10::Allocator {
+  // Keeps a freed block, evicting the oldest ones to stay within the limit (or frees it).
+  void give(void* ptr, size_t size) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (size > limit_) {
+      std::free(ptr);
+      return;
+    }
+    evict_to(limit_ - size);
+    blocks_.emplace_back(ptr, size);
+    cached_ += size;
+  }
+
+  size_t set_limit(size_t limit) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const size_t previous = limit_;
+    limit_ = limit;
+    evict_to(limit_);
+    return previous;
+  }
+
+  size_t cached() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cached_;
+  }
+
+ private:
+  void evict_to(size_t bytes) {
+    while (cached_ > bytes) {
+      std::free(blocks_.front().first);
+      cached_ -= blocks_.front().second;
+      blocks_.erase(blocks_.begin());
+    }
+  }
+
+  std::mutex mutex_;
+  std::vector<std::pair<void*, size_t>> blocks_;  // oldest first
+  size_t cached_ = 0;
+  size_t limit_ = size_t{1} << 30;
+};
+
+// Never destroyed: outputs may be freed during interpreter shutdown, after static destructors.
+OutputCache& output_cache() {
+  static auto* cache = new OutputCache;
+  return *cache;
+}
+
+struct CachedBlock {
+  void* ptr;
+  size_t size;
+};
+
+void release_block(void* ctx) {
+  auto* block = static_cast<CachedBlock*>(ctx);
+  output_cache().give(block->ptr, block->size);
+  delete block;
+}
+
+class CachingAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
-    if (nbytes < kHugePageMinBytes) return c10::GetCPUAllocator()->allocate(nbytes);
+    if (nbytes < kCachedMinBytes) return c10::GetCPUAllocator()->allocate(nbytes);
     const size_t size = (nbytes + kHugePage - 1) / kHugePage * kHugePage;
-    void* ptr = nullptr;
-    TORCH_CHECK(posix_memalign(&ptr, kHugePage, size) == 0,
-                "wc_kernels._native: out of memory allocating ", size, " bytes");
+    void* ptr = output_cache().take(size);
+    if (ptr == nullptr) {
+      TORCH_CHECK(posix_memalign(&ptr, kHugePage, size) == 0,
+                  "wc_kernels._native: out of memory allocating ", size, " bytes");
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-    madvise(ptr, size, MADV_HUGEPAGE);
+      madvise(ptr, size, MADV_HUGEPAGE);
 #endif
-    return {ptr, ptr, &free_output, c10::Device(c10::DeviceType::CPU)};
+    }
+    return {ptr, new CachedBlock{ptr, size}, &release_block, c10::Device(c10::DeviceType::CPU)};
   }
 
   void copy_data(void* dest, const void* src, size_t count) const override {
@@ -284,7 +384,7 @@ class HugePageAllocator final : public c10::Allocator {
 };
 
 at::Tensor new_output(at::IntArrayRef shape, at::ScalarType dtype) {
-  static HugePageAllocator allocator;
+  static CachingAllocator allocator;
   at::Tensor out = at::detail::empty_generic(shape, &allocator,
                                              c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
                                              std::nullopt);
@@ -432,14 +532,16 @@ void flow_noise_typed(const at::Tensor& x0, const at::Tensor& sigmas, const at::
   const T* eps = noise.const_data_ptr<T>();
   T* xt = x_t.data_ptr<T>();
   T* v = v_target.data_ptr<T>();
+  const bool stream = 2 * x_t.nbytes() > static_cast<size_t>(g_stream_min_bytes.load());
   at::parallel_for(0, rc.items(), rc.grain(2 * n_sig), [&](int64_t first, int64_t last) {
     for (int64_t item = first; item < last; ++item) {
       const int64_t row = rc.row(item);
       const int64_t col = rc.begin(item);
       const int64_t out = row * n_sig * rc.cols + col;  // element of row s*K, column col
       k.flow_noise_segment(x + row * rc.cols + col, sig + row * n_sig, n_sig, eps + out,
-                           xt + out, v + out, rc.length(item), rc.cols);
+                           xt + out, v + out, rc.length(item), rc.cols, stream);
     }
+    if (stream) stream_fence();
   });
 }
 
@@ -623,6 +725,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available_isas", &available_isas, "Instruction sets this CPU can run.");
   m.def("set_isa", &set_isa, py::arg("name"),
         "Use the inner loops built for `name` (tests and benchmarks compare them).");
+  m.def("set_stream_min_bytes", &set_stream_min_bytes, py::arg("bytes"),
+        "Write a pass's outputs with streaming (non-temporal) stores when they exceed `bytes` "
+        "together (default 32 MiB; 0 always streams); returns the previous threshold.");
+  m.def("set_output_cache_bytes",
+        [](int64_t bytes) {
+          TORCH_CHECK(bytes >= 0, "set_output_cache_bytes: bytes must be >= 0, got ", bytes);
+          return static_cast<int64_t>(output_cache().set_limit(static_cast<size_t>(bytes)));
+        },
+        py::arg("bytes"),
+        "Keep at most `bytes` of freed outputs (of 4 MiB or more) for reuse (default 1 GiB; 0 "
+        "returns every kept block to the system); returns the previous limit.");
+  m.def("cached_output_bytes", [] { return static_cast<int64_t>(output_cache().cached()); },
+        "Bytes of freed outputs kept for reuse.");
   m.def("set_poison_outputs", [](bool on) { g_poison_outputs = on; }, py::arg("on"),
         "Fill outputs with NaN before computing them, so tests catch unwritten elements.");
 }

@@ -251,13 +251,55 @@ void sde_grad(const T* m, const T* x, const T* p, const T* r, T* grad, int64_t n
   }
 }
 
+// ---- Streaming stores. A plain store first reads the cache line it writes (read for
+// ownership), so a pass that reads one array and writes two moves five arrays' worth of bytes
+// through memory where non-temporal stores move three; they bypass the cache, which only pays
+// when the outputs would not stay in it anyway (native.cpp decides). stream_bytes copies a
+// block staged in L1 to its destination that way: plain copies for the unaligned head and the
+// tail, aligned streaming stores between. The caller issues an sfence before its results are
+// read by another thread.
+#if WC_HAVE_X86_VARIANTS
+#ifdef WC_ISA_F16C
+using StreamUnit = __m256i;
+inline void stream_unit(char* d, const char* s) {
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(d),
+                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+}
+#else
+using StreamUnit = __m128i;
+inline void stream_unit(char* d, const char* s) {
+  _mm_stream_si128(reinterpret_cast<__m128i*>(d),
+                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+}
+#endif
+
+inline void stream_bytes(void* dst, const void* src, int64_t n) {
+  constexpr int64_t unit = sizeof(StreamUnit);
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  const int64_t head =
+      std::min<int64_t>(n, static_cast<int64_t>((0 - reinterpret_cast<uintptr_t>(d)) & (unit - 1)));
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  n -= head;
+  for (; n >= unit; n -= unit, d += unit, s += unit) stream_unit(d, s);
+  std::memcpy(d, s, n);
+}
+#else
+inline void stream_bytes(void* dst, const void* src, int64_t n) { std::memcpy(dst, src, n); }
+#endif
+
 // ---- Flow noise for one x0 row segment of n elements and its k noisy copies, which lie
 // `stride` elements apart in noise / x_t / v_target. The copies are written one after another,
 // so each loop streams through three rows only (a handful of prefetch streams, not 3k); the
-// x0 segment is read from memory once and then re-read from cache for every copy.
+// x0 segment is read from memory once and then re-read from cache for every copy. With
+// `stream` each block is computed into L1 buffers and streamed out (see stream_bytes).
 template <class T, class A>
 void flow_noise_segment(const T* x0, const A* sigmas, int64_t k, const T* noise, T* x_t,
-                        T* v_target, int64_t n, int64_t stride) {
+                        T* v_target, int64_t n, int64_t stride, bool stream) {
+  T xt_block[kBlock];
+  T v_block[kBlock];
   for (int64_t j = 0; j < k; ++j) {
     const A sig = sigmas[j];
     const A keep = A(1) - sig;
@@ -265,7 +307,7 @@ void flow_noise_segment(const T* x0, const A* sigmas, int64_t k, const T* noise,
       const int64_t m = std::min(kBlock, n - start);
       const int64_t offset = j * stride + start;
       const In<T> x(x0 + start, m), e(noise + offset, m);
-      Out<T> xt(x_t + offset), v(v_target + offset);
+      Out<T> xt(stream ? xt_block : x_t + offset), v(stream ? v_block : v_target + offset);
 #pragma omp simd
       for (int64_t i = 0; i < m; ++i) {
         xt.set(i, keep * x[i] + sig * e[i]);
@@ -273,6 +315,10 @@ void flow_noise_segment(const T* x0, const A* sigmas, int64_t k, const T* noise,
       }
       xt.flush(m);
       v.flush(m);
+      if (stream) {
+        stream_bytes(x_t + offset, xt_block, m * static_cast<int64_t>(sizeof(T)));
+        stream_bytes(v_target + offset, v_block, m * static_cast<int64_t>(sizeof(T)));
+      }
     }
   }
 }

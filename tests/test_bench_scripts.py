@@ -219,6 +219,20 @@ def test_motion_spread_measures_each_kind(tmp_path):
     assert len(result["estimator_error_steps"]) == 4
 
 
+def test_flow_noise_stores_times_both_ways_and_restores_the_threshold(capsys, monkeypatch):
+    native = pytest.importorskip("wc_kernels._native", reason="the native extension is not built")
+    stores = _load("flow_noise_stores")
+    monkeypatch.setattr(stores, "SHAPES", ((2, 3, 1000),))
+    default = native.set_stream_min_bytes(1234)
+    try:
+        assert stores.main(["--rounds", "2"]) == 0
+        assert native.set_stream_min_bytes(default) == 1234
+    finally:
+        native.set_stream_min_bytes(default)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 x 3")]
+    assert [row.split(" | ")[2] for row in rows] == ["plain", "streaming"]
+
+
 def test_render_speed_reports_a_frame_rate(capsys):
     assert _load("render_speed").main(["--threads", "1", "--frames", "16", "--repeats", "1"]) == 0
     rate = float(capsys.readouterr().out.split(" frames/s")[0].split()[-1])

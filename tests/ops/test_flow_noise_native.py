@@ -31,16 +31,66 @@ def make_flow_inputs(samples: int, sigmas: int, cols: int, dtype: torch.dtype):
     return x0, sig, noise
 
 
+@pytest.fixture(params=("plain", "streaming"))
+def stores(request):
+    """Both ways the kernel writes its outputs: plain stores (the default below 32 MiB of
+    outputs) and streaming stores (threshold 0), which copy each block out with an unaligned
+    head and tail around the aligned non-temporal stores."""
+    default = native.set_stream_min_bytes(0 if request.param == "streaming" else 1 << 62)
+    yield request.param
+    native.set_stream_min_bytes(default)
+
+
 @pytest.mark.parametrize("shape", ((1, 1), (3, 5)), ids=("S1K1", "S3K5"))
 @pytest.mark.parametrize("cols", COLS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_flow_noise_matches_reference(isa, dtype, cols, shape):
+def test_flow_noise_matches_reference(isa, stores, dtype, cols, shape):
     x0, sig, noise = make_flow_inputs(*shape, cols, dtype)
     x_t, v_target = native.flow_noise(x0, sig, noise)
     ref_x_t, ref_v = reference.flow_noise(x0, sig, noise)
     for actual, expected in ((x_t, ref_x_t), (v_target, ref_v)):
         assert actual.dtype == dtype
         torch.testing.assert_close(actual, expected)
+
+
+def test_stream_threshold_is_set_and_returned():
+    default = native.set_stream_min_bytes(123)
+    try:
+        assert default == 32 << 20
+        assert native.set_stream_min_bytes(0) == 123
+        with pytest.raises(RuntimeError, match="bytes must be >= 0"):
+            native.set_stream_min_bytes(-1)
+    finally:
+        native.set_stream_min_bytes(default)
+
+
+def test_freed_large_outputs_are_reused_within_the_cache_limit():
+    x0, sig, noise = make_flow_inputs(1, 2, 1 << 20, torch.float32)  # two 8 MiB outputs
+    previous = native.set_output_cache_bytes(0)  # start empty
+    try:
+        assert previous == 1 << 30  # the default limit
+        native.set_output_cache_bytes(1 << 30)
+        x_t, v_target = native.flow_noise(x0, sig, noise)
+        first = {x_t.data_ptr(), v_target.data_ptr()}
+        del x_t, v_target
+        assert native.cached_output_bytes() == 2 * (8 << 20)
+        x_t, v_target = native.flow_noise(x0, sig, noise)  # the same blocks, already faulted in
+        assert {x_t.data_ptr(), v_target.data_ptr()} == first
+        assert native.cached_output_bytes() == 0
+        torch.testing.assert_close(x_t, reference.flow_noise(x0, sig, noise)[0])
+        native.set_output_cache_bytes(8 << 20)  # room for one block: the other is freed
+        del x_t, v_target
+        assert native.cached_output_bytes() == 8 << 20
+        small = native.flow_noise(x0[:, :1000].contiguous(), sig,  # below 4 MiB: not cached
+                                  noise[:, :1000].contiguous())
+        del small
+        assert native.cached_output_bytes() == 8 << 20
+        assert native.set_output_cache_bytes(0) == 8 << 20
+        assert native.cached_output_bytes() == 0
+        with pytest.raises(RuntimeError, match="bytes must be >= 0"):
+            native.set_output_cache_bytes(-1)
+    finally:
+        native.set_output_cache_bytes(previous)
 
 
 def flow_bad_inputs():
