@@ -27,7 +27,8 @@ there is no history to share and the two coincide. Then the GRPO family and Worl
 recipe as one change each to the recipe (``recipe_flow_grpo``, ``recipe_flow_grpo_same``,
 ``recipe_flow_grpo_fast``, ``recipe_trajectory``, ``recipe_decoupled``, ``recipe_noise_warp``,
 the same changes as the paper family's rows below; the GRPO rows explore by their SDE noise
-alone, as exploration in camera motion is the NFT update's).
+alone, as exploration in camera motion is the NFT update's), and DanceGRPO at a lower learning
+rate (``recipe_flow_grpo_same_lr1e-4``).
 
 The second family is the paper's recipe (``PAPER_RECIPE``), under which RL does not raise
 action following on this world: ``full`` (clip-level rollouts, IF + VQ), ``sample``,
@@ -102,7 +103,10 @@ ROWS = {"recipe": [], "recipe_if_only": ["--reward.kind", "if"],
         "recipe_3clips": ["--rollout.num_clips", "3"],
         "recipe_sample": ["--rollout.num_clips", "3", "--rollout.mode", "sample"]} | {
     f"recipe_{name}": [*(NO_WARP_EXPLORATION if "flow_grpo" in change else []), *change]
-    for name, change in GRPO_FAMILY.items()} | PAPER_ROWS
+    for name, change in GRPO_FAMILY.items()} | {
+    # DanceGRPO at a sixth of the recipe's learning rate (at the recipe's it falls below the base)
+    "recipe_flow_grpo_same_lr1e-4": [*NO_WARP_EXPLORATION, *GRPO_FAMILY["flow_grpo_same"],
+                                     "--optim.lr", "1e-4"]} | PAPER_ROWS
 TABLE1_ROW = "recipe"
 # each family's full row, the prefix of its ablations' names, and its name in the doc
 FAMILIES = (("recipe", "recipe_", "default recipe"), ("full", "", "paper recipe"))
@@ -118,7 +122,8 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "recipe_3clips": "default recipe on clips 1-3",
           "recipe_sample": "default recipe on clips 1-3, sample-level rollouts"} | {
     f"{prefix}{name}": f"{family}, {title}" for _, prefix, family in FAMILIES
-    for name, title in GRPO_TITLES.items()}
+    for name, title in GRPO_TITLES.items()} | {
+    "recipe_flow_grpo_same_lr1e-4": "default recipe, DanceGRPO at lr 1e-4"}
 
 
 def score(model_path: str | None, sequences: int, clips: int) -> dict:
