@@ -1,0 +1,39 @@
+"""Every ``wc_fast.train`` command in the README's command list is a valid configuration, with
+its optional (bracketed) arguments given: a command a user copies must not stop at the
+config check."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from wc_fast.cli import parse_run_args
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def train_commands() -> list[str]:
+    """The argument strings of the command list's ``wc_fast.train`` lines, comments dropped;
+    the first line (the generic synopsis, with its ``a|b`` choices) is left out."""
+    block = README.read_text().split("## Commands", 1)[1].split("```bash", 1)[1]
+    block = block.split("```", 1)[0]
+    commands = []
+    for line in block.splitlines():
+        match = re.match(r"(?:torchrun .*?)?(?:python )?-m wc_fast\.train\b(.*)",
+                         line.split("   #")[0].strip())
+        if match and "|" not in match.group(1):
+            commands.append(match.group(1).strip())
+    return commands
+
+
+def test_the_command_list_has_train_commands():
+    assert len(train_commands()) >= 5
+
+
+@pytest.mark.parametrize("args", train_commands())
+def test_readme_train_command_is_a_valid_config(args, tmp_path):
+    argv = shlex.split(args.replace("[", "").replace("]", "").replace("DIR", str(tmp_path)))
+    parse_run_args("wc_fast.train", "", argv)  # exits with the config error if invalid
