@@ -14,8 +14,9 @@ be committed), so an interrupted study resumes where it stopped, on this machine
 A file's name carries a hash of the row's resolved training configuration and one of the
 evaluation's settings and shipped models, so changing a preset's default, an asset or the
 evaluation size starts that row afresh instead of reusing stale numbers.
-Finally ``--doc`` is rewritten with both tables and, row by row, whether the paper's ordering
-holds.
+Finally ``--doc`` is rewritten with both tables, the side-by-side timing of the updates in one
+process (``--speed``, from ``bench/update_speed.py``) and, row by row, whether the paper's
+ordering holds.
 
 Two families of rows. ``recipe`` is the preset's defaults, the recipe that raises action
 following here (docs/design.md section 4.3); Table 1 compares it with the base over
@@ -266,7 +267,25 @@ def _table2(results: dict) -> list[str]:
     return lines
 
 
-def write_doc(doc: Path, results: dict, command: str, settings: dict) -> None:
+def _speed_table(speed: dict) -> list[str]:
+    """The rows of ``bench/update_speed.py``'s JSON, timed side by side in one process."""
+    rows = speed["rows"]
+    first = TITLES[next(iter(rows))]
+    lines = ["## Wall time per iteration, side by side in one process", "",
+             f"`{speed['command']}`: each row's trainer from the same base weights, one "
+             f"iteration each in turn for {speed['rounds']} rounds ({speed['threads']} threads, "
+             "otherwise idle machine); medians over the rounds, and the ratio to "
+             f"{first}.", "",
+             "| row | s / iteration | rollout | reward | train | x first row |",
+             "|---|---|---|---|---|---|"]
+    for row, r in rows.items():
+        lines.append(f"| {TITLES[row]} | {r['total']:.2f} | {r['rollout']:.2f} "
+                     f"| {r['reward']:.2f} | {r['train']:.2f} | {r['ratio']:.2f} |")
+    return lines
+
+
+def write_doc(doc: Path, results: dict, command: str, settings: dict,
+              speed: dict | None = None) -> None:
     lines = ["# Replicating WorldCompass Tables 1 and 2 on the embedded world", "",
              f"Regenerate with `{command}` (one run at a time on 2 CPU cores; every number "
              "below comes from that command). Evaluation: "
@@ -282,8 +301,11 @@ def write_doc(doc: Path, results: dict, command: str, settings: dict) -> None:
     lines += ["", "s / iteration: the median over a run's iterations of rollout + reward + train "
               "seconds (its `metrics.jsonl`), and its ratio to its family's full NFT row's "
               "(`recipe` or the paper recipe's `full`); comparable only between runs made on "
-              "an otherwise idle machine.",
-              "", "## Does the paper's ordering hold?", ""]
+              "an otherwise idle machine (runs trained beside another keep their time as "
+              "`seconds_parallel` in their cache file, and are left out of this column).", ""]
+    if speed is not None:
+        lines += [*_speed_table(speed), ""]
+    lines += ["## Does the paper's ordering hold?", ""]
     lines += orderings(results)
     doc.write_text("\n".join(lines) + "\n")
 
@@ -363,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default="bench/results/study",
                         help="each finished (row, seed)'s numbers, small JSON files to commit")
     parser.add_argument("--doc", default="docs/replication.md")
+    parser.add_argument("--speed", default="bench/results/update_speed.json",
+                        help="bench/update_speed.py's JSON, tabulated in --doc when present")
     args = parser.parse_args(argv)
     rows = {}
     for entry in filter(None, args.rows.split(",")):
@@ -391,8 +415,10 @@ def main(argv: list[str] | None = None) -> int:
                                        lambda row=row, seed=seed, name=name:
                                        train_and_score(row, seed, name)))
     command = "python bench/replicate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    speed = Path(args.speed)
     write_doc(Path(args.doc), results, command.strip(),
-              {"sequences": args.sequences, "clips": args.clips})
+              {"sequences": args.sequences, "clips": args.clips},
+              json.loads(speed.read_text()) if speed.is_file() else None)
     print(f"wrote {args.doc}")
     return 0
 

@@ -127,6 +127,26 @@ def test_replicate_writes_both_tables_and_checks_the_orderings(tmp_path):
     assert "gains less two-key accuracy than full (default recipe): **no**" in doc.read_text()
 
 
+def test_replicate_tabulates_the_side_by_side_timing_when_given(tmp_path):
+    replicate = _load("replicate")
+    results = {"base": [_study_result(0.40, 1.0, 0.8)]}
+    speed = {"command": "python bench/update_speed.py --rounds 6", "rounds": 6, "threads": 2,
+             "rows": {"recipe": {"total": 10.0, "rollout": 3.0, "reward": 1.0, "train": 6.0,
+                                 "ratio": 1.0},
+                      "recipe_flow_grpo_fast": {"total": 9.0, "rollout": 3.5, "reward": 1.0,
+                                                "train": 4.5, "ratio": 0.9}}}
+    doc = tmp_path / "replication.md"
+    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    assert "side by side in one process" not in doc.read_text()
+    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3},
+                        speed)
+    text = doc.read_text()
+    assert "`python bench/update_speed.py --rounds 6`" in text
+    assert ("| default recipe, Flow-GRPO-Fast (SDE window of 2 steps) | 9.00 | 3.50 | 1.00 "
+            "| 4.50 | 0.90 |") in text
+    assert text.index("side by side") < text.index("Does the paper's ordering hold?")
+
+
 def test_replicate_rows_are_valid_configs():
     from wc_fast import config
     replicate = _load("replicate")
@@ -313,3 +333,24 @@ def test_replicate_reuses_cached_rows_without_training(tmp_path, monkeypatch):
     assert replicate.main(["--rows", "recipe", "--seeds", "1", "--sequences", "2", "--clips",
                            "3", "--cache", str(cache), "--doc", str(doc)]) == 0
     assert "| composite_2key | all | 0.400 | 0.550 | +0.150 |" in doc.read_text()
+
+
+def test_update_speed_times_each_row_against_the_first(tmp_path, monkeypatch):
+    speed = _load("update_speed")
+    rows = {"nft": [], "grpo_fast": ["--train.update", "flow_grpo", "--grpo.window", "1"]}
+    monkeypatch.setattr(speed, "ROWS", rows)
+    monkeypatch.setattr(speed, "training_args", lambda row, seed, steps: [
+        "--preset", "smoke", "--train.init", "random", "--train.seed", str(seed), *rows[row]])
+    out = tmp_path / "speed.json"
+    assert speed.main(["--rows", "nft,grpo_fast", "--rounds", "2", "--threads", "1",
+                       "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert (result["rounds"], list(result["rows"])) == (2, ["nft", "grpo_fast"])
+    for row in result["rows"].values():
+        assert all(row[p] > 0 for p in ("rollout", "reward", "train"))
+        assert row["total"] >= max(row["rollout"], row["reward"], row["train"])
+    grpo = result["rows"]["grpo_fast"]
+    assert result["rows"]["nft"]["ratio"] == 1.0
+    assert grpo["ratio"] == pytest.approx(grpo["total"] / result["rows"]["nft"]["total"])
+    with pytest.raises(SystemExit):
+        speed.main(["--rows", "nft,missing"])
