@@ -287,8 +287,8 @@ def _speed_table(speed: dict) -> list[str]:
 def write_doc(doc: Path, results: dict, command: str, settings: dict,
               speed: dict | None = None) -> None:
     lines = ["# Replicating WorldCompass Tables 1 and 2 on the embedded world", "",
-             f"Regenerate with `{command}` (one run at a time on 2 CPU cores; every number "
-             "below comes from that command). Evaluation: "
+             f"Regenerate with `{command}` (each (row, seed) one `wc_fast.train` run and its "
+             "evaluation; every number below comes from that command). Evaluation: "
              f"{settings['sequences']} held-out sequences x {settings['clips']} clips per set, "
              "evaluation estimator, accuracy = fraction of frames whose translation and "
              "rotation labels both match the command; VQ = the evaluation critic's mean score "
