@@ -1,11 +1,12 @@
 """The WorldCompass study on the embedded world: Table 1 and Table 2 analogs.
 
     python bench/replicate.py [--seeds 3] [--ablation-seeds 1] [--rows recipe,recipe_sde:3,...]
-                              [--out runs/replicate] [--doc docs/replication.md]
+                              [--jobs 1] [--out runs/replicate] [--doc docs/replication.md]
 
-Each (row, seed) is one ``python -m wc_fast.train`` run of the ``cpu`` preset (one at a time,
-in a subprocess, as a user would run it), then an evaluation of its final model on the
-held-out sets (``--sequences`` x ``--clips``, evaluation estimator), the mean camera-motion
+Each (row, seed) is one ``python -m wc_fast.train`` run of the ``cpu`` preset (in a
+subprocess, as a user would run it; one at a time, or ``--jobs`` at a time on one thread
+each), then an evaluation of its final model on the held-out sets (``--sequences`` x
+``--clips``, evaluation estimator), the mean camera-motion
 magnitude of the generated clips, the motion spread of its candidates
 (``bench/motion_spread.py``) and its median wall time per iteration (from its
 ``metrics.jsonl``). The base model is evaluated the same way. A finished run's numbers are
@@ -46,10 +47,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -176,9 +179,10 @@ def row_steps(row: str) -> int:
     return preset("cpu").train.steps
 
 
-def run(row: str, seed: int, folder: Path, steps: int | None) -> Path:
-    """Train one (row, seed) into ``folder`` unless its final checkpoint is there; returns the
-    checkpoint."""
+def run(row: str, seed: int, folder: Path, steps: int | None, threads: int | None = None
+        ) -> Path:
+    """Train one (row, seed) into ``folder`` unless its final checkpoint is there, with
+    ``threads`` torch threads when given; returns the checkpoint."""
     args = [sys.executable, "-m", "wc_fast.train", "--out", str(folder),
             *training_args(row, seed, steps)]
     want = steps or row_steps(row)
@@ -188,7 +192,9 @@ def run(row: str, seed: int, folder: Path, steps: int | None) -> Path:
         resume = ["--resume"] if found else []
         folder.parent.mkdir(parents=True, exist_ok=True)
         with open(folder.with_suffix(".log"), "a") as log:
-            subprocess.run(args + resume, check=True, stdout=log, stderr=subprocess.STDOUT)
+            env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
+            subprocess.run(args + resume, check=True, stdout=log, stderr=subprocess.STDOUT,
+                           env=env)
         print(f"{row} seed {seed}: trained in {(time.perf_counter() - start) / 60:.1f} min")
     return checkpoint.latest(folder)
 
@@ -384,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/replicate", help="training runs (checkpoints)")
     parser.add_argument("--cache", default="bench/results/study",
                         help="each finished (row, seed)'s numbers, small JSON files to commit")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="training runs at a time, one torch thread each when above 1 (on "
+                             "the cpu preset two such runs nearly double a 2-core machine's "
+                             "throughput); their times are kept as seconds_parallel")
     parser.add_argument("--doc", default="docs/replication.md")
     parser.add_argument("--speed", default="bench/results/update_speed.json",
                         help="bench/update_speed.py's JSON, tabulated in --doc when present")
@@ -397,23 +407,35 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--rows: {entry!r} should be ROW:SEEDS with SEEDS an integer >= 1")
         default = args.seeds if row == TABLE1_ROW else args.ablation_seeds
         rows[row] = int(count) if count else default
+    if args.jobs < 1:
+        parser.error(f"--jobs: expected an integer >= 1, got {args.jobs}")
     out, cache = Path(args.out), Path(args.cache)
     tag = f"{args.sequences}x{args.clips}_eval-{evaluation_id(args.sequences, args.clips)}"
     results = {"base": [cached(cache / f"base_{tag}.json",
                                lambda: score(None, args.sequences, args.clips))]}
 
+    runs = [(row, seed, f"{row}_s{seed}_cfg-{training_id(row, seed, args.steps)}")
+            for row, seeds in rows.items() for seed in range(seeds)]
+    parallel = set()
+    if args.jobs > 1:
+        # train every uncached run first, ``--jobs`` at a time; scoring then runs one by one
+        parallel = {name for _, _, name in runs if not (cache / f"{name}_{tag}.json").is_file()}
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(lambda r: run(r[0], r[1], out / r[2], args.steps, threads=1),
+                          [r for r in runs if r[2] in parallel]))
+
     def train_and_score(row: str, seed: int, name: str) -> dict:
         folder = out / name
         result = score(str(run(row, seed, folder, args.steps)), args.sequences, args.clips)
-        return dict(result, seconds=iteration_seconds(folder))
+        key = "seconds_parallel" if name in parallel else "seconds"
+        return dict(result, **{key: iteration_seconds(folder)})
 
-    for row, seeds in rows.items():
+    for row in rows:
         results[row] = []
-        for seed in range(seeds):
-            name = f"{row}_s{seed}_cfg-{training_id(row, seed, args.steps)}"
-            results[row].append(cached(cache / f"{name}_{tag}.json",
-                                       lambda row=row, seed=seed, name=name:
-                                       train_and_score(row, seed, name)))
+    for row, seed, name in runs:
+        results[row].append(cached(cache / f"{name}_{tag}.json",
+                                   lambda row=row, seed=seed, name=name:
+                                   train_and_score(row, seed, name)))
     command = "python bench/replicate.py " + " ".join(argv if argv is not None else sys.argv[1:])
     speed = Path(args.speed)
     write_doc(Path(args.doc), results, command.strip(),

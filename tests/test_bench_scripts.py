@@ -231,6 +231,35 @@ def test_replicate_takes_a_seed_count_per_row(tmp_path, monkeypatch):
             replicate.main(["--rows", bad, *common])
 
 
+def test_replicate_trains_jobs_at_a_time_and_keeps_their_times_apart(tmp_path, monkeypatch):
+    replicate = _load("replicate")
+    trained = []
+
+    def fake_train(row, seed, folder, steps, threads=None):
+        if not folder.is_dir():
+            trained.append((row, seed, threads))
+            folder.mkdir(parents=True)
+            (folder / "metrics.jsonl").write_text(json.dumps(
+                {"rollout_s": 1.0, "reward_s": 0.0, "train_s": 1.0}) + "\n")
+        return folder
+
+    monkeypatch.setattr(replicate, "run", fake_train)
+    monkeypatch.setattr(replicate, "score", lambda *a: _study_result(0.5, 1.0, 0.8))
+    common = ["--sequences", "2", "--clips", "3", "--out", str(tmp_path / "runs"),
+              "--cache", str(tmp_path / "study"), "--doc", str(tmp_path / "replication.md")]
+    assert replicate.main(["--rows", "recipe:1", *common]) == 0  # one at a time: cached
+    assert replicate.main(["--rows", "recipe:1,recipe_sde:2", "--jobs", "2", *common]) == 0
+    # only the uncached runs train in parallel, each on one thread
+    assert sorted(trained) == [("recipe", 0, None), ("recipe_sde", 0, 1), ("recipe_sde", 1, 1)]
+    files = {p.name.split("_cfg-")[0]: json.loads(p.read_text())
+             for p in (tmp_path / "study").glob("recipe*.json")}
+    assert files["recipe_s0"]["seconds"] == 2.0 and "seconds_parallel" not in files["recipe_s0"]
+    for name in ("recipe_sde_s0", "recipe_sde_s1"):
+        assert files[name]["seconds_parallel"] == 2.0 and "seconds" not in files[name]
+    with pytest.raises(SystemExit):
+        replicate.main(["--rows", "recipe:1", "--jobs", "0", *common])
+
+
 def test_motion_spread_measures_each_kind(tmp_path):
     result = _load("motion_spread").measure(None, groups=1, group_size=2)
     for kind in ("basic", "composite_2key"):
