@@ -392,8 +392,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="each finished (row, seed)'s numbers, small JSON files to commit")
     parser.add_argument("--jobs", type=int, default=1,
                         help="training runs at a time, one torch thread each when above 1 (on "
-                             "the cpu preset two such runs nearly double a 2-core machine's "
-                             "throughput); their times are kept as seconds_parallel")
+                             "the cpu preset two such runs train 1.25-1.5x as many iterations "
+                             "per hour on 2 cores as one run on both); their times are kept as "
+                             "seconds_parallel")
     parser.add_argument("--doc", default="docs/replication.md")
     parser.add_argument("--speed", default="bench/results/update_speed.json",
                         help="bench/update_speed.py's JSON, tabulated in --doc when present")
