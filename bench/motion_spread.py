@@ -1,6 +1,7 @@
 """How differently a world model's candidates move: ``motion_spread`` on held-out groups.
 
     python bench/motion_spread.py [--checkpoint PATH] [--groups 8] [--json PATH]
+                                  [--action-exploration S] [--warp-exploration S]
 
 For ``--groups`` held-out world prompts and commands of each kind (one key, two keys), the
 model rolls out ``G`` candidates of clip 2 over one shared generated history, exactly as an RL
@@ -8,7 +9,9 @@ iteration does (``cpu`` preset sampler); the reward estimator reads their per-fr
 motion. Prints, per kind, the mean ``motion_spread`` (within-group standard deviation of the
 motion along the commanded directions over the estimator's error there on ground-truth
 renders; above 1 means the candidates really move differently) and the mean IF with its
-within-group standard deviation.
+within-group standard deviation. ``--action-exploration`` / ``--warp-exploration`` roll out
+under the rollout's exploration in camera motion (``rollout.action_exploration`` /
+``rollout.warp_exploration``), as the trainer does.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from wc_fast.rewards.exploration import (
     motion_spread,
 )
 from wc_fast.rewards.scoring import camera_poses
-from wc_fast.rollout import rollout_clip_level
+from wc_fast.rollout import NO_EXPLORATION, MotionExploration, rollout_clip_level
 from wc_fast.runtime import generator
 from wc_fast.sampler import ClipSampler
 from wc_fast.world import sample_sequences
@@ -41,7 +44,8 @@ SEED = 910_000  # held out: no training or evaluation stream starts here
 KINDS = {"basic": (0.0, (2,)), "composite_2key": (1.0, (2,))}
 
 
-def measure(checkpoint: str | None, *, groups: int, group_size: int = 8) -> dict:
+def measure(checkpoint: str | None, *, groups: int, group_size: int = 8,
+            explore: MotionExploration = NO_EXPLORATION) -> dict:
     cfg = preset("cpu")
     device = torch.device("cpu")
     model = load_checkpoint_model(checkpoint, device)
@@ -57,7 +61,8 @@ def measure(checkpoint: str | None, *, groups: int, group_size: int = 8) -> dict
         for g in range(groups):
             rollout = rollout_clip_level(model, sampler, data.frames[g:g + 1, :1],
                                          data.actions[g], 2, group_size,
-                                         generator(SEED, k, g, "motion_spread"))
+                                         generator(SEED, k, g, "motion_spread"),
+                                         explore=explore)
             c2w = camera_poses(estimator, rollout.reward_frames())
             trans, rot = split_action(rollout.clip_actions)
             score = interaction_score(c2w.double(), trans, rot,
@@ -78,9 +83,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="world model weights or checkpoint (default: the shipped base)")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--action-exploration", type=float, default=0.0,
+                        help="std of each candidate's movement-key offsets")
+    parser.add_argument("--warp-exploration", type=float, default=0.0,
+                        help="std in pixels per frame of each candidate's warp-head motion")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
-    result = measure(args.checkpoint, groups=args.groups)
+    explore = MotionExploration(action=args.action_exploration, warp=args.warp_exploration)
+    result = measure(args.checkpoint, groups=args.groups, explore=explore)
+    result["exploration"] = {"action": explore.action, "warp": explore.warp}
     for kind in KINDS:
         r = result[kind]
         print(f"{kind:15s} motion_spread {r['motion_spread']:.2f}  IF {r['if_mean']:.3f} "

@@ -100,6 +100,7 @@ PAPER_ROWS = {name: [*PAPER_RECIPE, *change] for name, change in {
 # exploration in camera motion moves the NFT update's warp head, so the GRPO updates of the
 # default recipe explore by their SDE noise alone, as the recipe_sde row does
 NO_WARP_EXPLORATION = ["--rollout.warp_exploration", "0"]
+ACTION_EXPLORATION = ["--rollout.action_exploration", "0.125"]
 # the default recipe and the paper's ablations of it, its GRPO family, then the paper's family
 ROWS = {"recipe": [], "recipe_if_only": ["--reward.kind", "if"],
         "recipe_vq_only": ["--reward.kind", "vq"],
@@ -110,8 +111,16 @@ ROWS = {"recipe": [], "recipe_if_only": ["--reward.kind", "if"],
     for name, change in GRPO_FAMILY.items()} | {
     # DanceGRPO at a sixth of the recipe's learning rate (at the recipe's it falls below the base)
     "recipe_flow_grpo_same_lr1e-4": [*NO_WARP_EXPLORATION, *GRPO_FAMILY["flow_grpo_same"],
-                                     "--optim.lr", "1e-4"]} | PAPER_ROWS
+                                     "--optim.lr", "1e-4"],
+    # exploration in camera motion (issue: the recipe travels): none, or through the action
+    # conditioning every backbone has instead of the embedded model's warp head
+    "recipe_no_exploration": NO_WARP_EXPLORATION,
+    "recipe_action_exploration": [*NO_WARP_EXPLORATION, *ACTION_EXPLORATION]} | PAPER_ROWS
 TABLE1_ROW = "recipe"
+# the shipped models an evaluation reads (asset names in wc_fast/assets)
+SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic_eval")
+# config fields added after the study began, with the value at which they change nothing
+FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0}
 # each family's full row, the prefix of its ablations' names, and its name in the doc
 FAMILIES = (("recipe", "recipe_", "default recipe"), ("full", "", "paper recipe"))
 TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
@@ -127,7 +136,10 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "recipe_sample": "default recipe on clips 1-3, sample-level rollouts"} | {
     f"{prefix}{name}": f"{family}, {title}" for _, prefix, family in FAMILIES
     for name, title in GRPO_TITLES.items()} | {
-    "recipe_flow_grpo_same_lr1e-4": "default recipe, DanceGRPO at lr 1e-4"}
+    "recipe_flow_grpo_same_lr1e-4": "default recipe, DanceGRPO at lr 1e-4",
+    "recipe_no_exploration": "default recipe, no exploration in camera motion",
+    "recipe_action_exploration": "default recipe, exploration through the actions instead of "
+                                 "the warp head"}
 
 
 def score(model_path: str | None, sequences: int, clips: int) -> dict:
@@ -149,12 +161,12 @@ def score(model_path: str | None, sequences: int, clips: int) -> dict:
 
 def evaluation_id(sequences: int, clips: int) -> str:
     """8 hex digits naming everything a score depends on besides the trained weights: the
-    evaluation's settings and every shipped model (base, estimators, critics), so a new asset
-    or setting never reuses an old score."""
+    evaluation's settings and every shipped model it reads (the base, estimators, critics), so
+    a new setting or a retrained asset never reuses an old score."""
     digest = hashlib.sha256(repr(EvalSettings.from_config(
         preset("cpu"), sequences=sequences, clips=clips)).encode())
-    for weights in sorted(ASSETS.glob("*.safetensors")):
-        digest.update(weights.read_bytes())
+    for name in SCORED_ASSETS:
+        digest.update((ASSETS / f"{name}.safetensors").read_bytes())
     return digest.hexdigest()[:8]
 
 
@@ -166,9 +178,15 @@ def training_args(row: str, seed: int, steps: int | None) -> list[str]:
 
 def training_id(row: str, seed: int, steps: int | None) -> str:
     """8 hex digits of the resolved training configuration of one (row, seed): a change to the
-    preset's defaults gives the row a new run folder and cache file."""
-    cfg = parse_run_args("replicate", "", training_args(row, seed, steps)).config
-    return hashlib.sha256(json.dumps(to_dict(cfg), sort_keys=True).encode()).hexdigest()[:8]
+    preset's defaults gives the row a new run folder and cache file. A field added after the
+    study began is left out while it holds its value that changes nothing
+    (``FIELDS_ADDED_OFF``), so adding an option keeps the cached rows."""
+    config = to_dict(parse_run_args("replicate", "", training_args(row, seed, steps)).config)
+    for path, off in FIELDS_ADDED_OFF.items():
+        section, name = path.split(".")
+        if config[section].get(name) == off:
+            del config[section][name]
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def row_steps(row: str) -> int:

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from wc_fast import config as C
 from wc_fast.cli import parse_run_args
@@ -222,3 +223,21 @@ def test_configs_saved_by_earlier_versions_still_load():
     saved["train"]["log_every_n"] = 5
     with pytest.raises(ValueError, match="train.log_every_n"):
         C.from_dict(saved)
+
+
+def _differences(a: C.Config, b: C.Config) -> set[str]:
+    da, db = C.to_dict(a), C.to_dict(b)
+    return {f"{s}.{k}" for s in C.SECTIONS for k in da[s] if da[s][k] != db[s][k]}
+
+
+def test_cpu_and_gpu_presets_differ_only_in_size():
+    diffs = _differences(C.preset("cpu"), C.preset("gpu"))
+    assert diffs and diffs <= set(C.SIZE_FIELDS)
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_default_command_line_runs_the_recipe_on_every_machine(monkeypatch, cuda):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    cfg = parse_run_args("test", "", []).config
+    assert cfg.preset == ("gpu" if cuda else "cpu")
+    assert _differences(cfg, C.preset("cpu")) <= set(C.SIZE_FIELDS)

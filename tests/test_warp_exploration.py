@@ -14,7 +14,12 @@ from wc_fast import checkpoint
 from wc_fast.config import ModelConfig
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.tiny_dit import accumulate_over_clips, affine_flow, warp
-from wc_fast.rollout import rollout_clip_level, rollout_sample_level, warp_exploration_offsets
+from wc_fast.rollout import (
+    MotionExploration,
+    rollout_clip_level,
+    rollout_sample_level,
+    warp_exploration_offsets,
+)
 from wc_fast.sampler import ClipSampler
 from wc_fast.train import main
 
@@ -103,7 +108,8 @@ def test_candidates_explore_but_share_the_unexplored_history():
 
     def run(strength: float, level=rollout_clip_level):
         gen = torch.Generator().manual_seed(3)
-        return level(model, sampler, prompt, actions, 2, 4, gen, warp_exploration=strength)
+        return level(model, sampler, prompt, actions, 2, 4, gen,
+                     explore=MotionExploration(warp=strength))
 
     plain, zero, explored = run(0.0), run(0.0), run(1.0)
     torch.testing.assert_close(zero.candidates, plain.candidates, rtol=0, atol=0)

@@ -17,11 +17,6 @@ class RunArgs:
     resume: bool
 
 
-def default_preset() -> str:
-    """``paper`` on a CUDA machine, ``cpu`` elsewhere."""
-    return "paper" if torch.cuda.is_available() else "cpu"
-
-
 def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = None, *,
                    steps_field: str = "train.steps", out_field: str = "train.out") -> RunArgs:
     """Parse ``[--preset NAME] [--out DIR] [--steps N] [--resume] [--section.field VALUE]``.
@@ -34,13 +29,15 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
                "--reward.trans_thresholds 0.01,0.02). Sections: "
                + ", ".join(config_lib.SECTIONS) + ".")
     parser.add_argument("--preset", choices=config_lib.PRESETS, default=None,
-                        help="named configuration (default: paper with CUDA, cpu without)")
+                        help="named configuration (default: the recipe sized for this machine, "
+                             "gpu with CUDA, cpu without)")
     parser.add_argument("--out", default=None, help=f"output directory ({out_field})")
     parser.add_argument("--steps", type=int, default=None, help=f"iterations ({steps_field})")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in --out")
     args, rest = parser.parse_known_args(argv)
-    cfg = config_lib.build_preset(args.preset or default_preset())
+    cfg = config_lib.build_preset(
+        args.preset or config_lib.machine_preset(torch.cuda.is_available()))
     overrides = _pairs(parser, rest)
     if args.out is not None:
         overrides.append((out_field, args.out))

@@ -1,8 +1,11 @@
 """Run configuration: slotted dataclasses, named presets and validation.
 
-Presets: ``paper`` and ``official`` reproduce the two columns of docs/design.md section 4
-(the paper and the official WorldCompass code); ``cpu`` and ``smoke`` are sized for a 2-core
-machine with the embedded world model. Any field can be overridden by name, ``section.field`` (see
+Presets: ``cpu`` and ``gpu`` are the RL recipe that raises action following on the embedded
+world model, sized for a 2-core machine and for one GPU (they differ only in
+:data:`SIZE_FIELDS`; the command line picks one by the machine, :func:`machine_preset`);
+``wan`` is the same recipe on a Wan backbone; ``paper`` and ``official`` reproduce the two
+columns of docs/design.md section 4 (the paper and the official WorldCompass code); ``smoke``
+is a random tiny model through the whole trainer in seconds. Any field can be overridden by name, ``section.field`` (see
 :func:`apply_override`), and every value is checked by :func:`validate`.
 """
 
@@ -16,7 +19,7 @@ from typing import Literal
 
 from wc_kernels.nft_loss import SPACES
 
-PRESETS = ("paper", "official", "cpu", "smoke", "wan", "wan_smoke")
+PRESETS = ("paper", "official", "cpu", "gpu", "smoke", "wan", "wan_smoke")
 LOGGERS = ("jsonl", "tensorboard", "wandb")  # metric sinks of wc_fast.train
 
 # The choices of every string field: the one definition, read by validate() and by the
@@ -157,6 +160,12 @@ class RolloutConfig:
     motion that followed the command: exploration in motion, where the noise alone moves the
     candidates of a group alike. Needs the embedded model with ``prediction="warp"`` and the
     NFT update (an offset the policy does not model has no log-probability for GRPO).
+
+    ``action_exploration``: the same exploration through the model's action conditioning, for
+    any backbone: each candidate's movement-key intensities (1 for a pressed key, 0 for the
+    others) get an offset per key drawn from a normal of this standard deviation, held over the
+    clip (:class:`wc_fast.rollout.MotionExploration`; 0 = off). The history and the update see
+    the commanded keys alone. NFT update only, as ``warp_exploration``.
     """
 
     group_size: int = 16
@@ -172,6 +181,7 @@ class RolloutConfig:
     capture: Capture = "auto"
     noise_warp: float = 0.0
     warp_exploration: float = 0.0
+    action_exploration: float = 0.0
 
 
 @dataclass(slots=True)
@@ -414,40 +424,74 @@ def _official() -> Config:
     return cfg
 
 
-def _cpu() -> Config:
-    cfg = Config(preset="cpu")
+@dataclass(frozen=True, slots=True)
+class RunSize:
+    """How large a run of the recipe is on one kind of machine; the algorithm is the same on
+    every one (:func:`_recipe`)."""
+
+    group_size: int  # candidates per group
+    groups_per_rank: int  # groups per update and rank
+    iterations: int
+    eval_sequences: int  # sequences per set in the end-of-run evaluation
+
+
+SIZES = {"cpu": RunSize(group_size=8, groups_per_rank=10, iterations=60, eval_sequences=16),
+         "gpu": RunSize(group_size=16, groups_per_rank=10, iterations=60, eval_sequences=64)}
+# the fields a RunSize sets: the only ones in which the cpu and gpu presets may differ
+SIZE_FIELDS = ("rollout.group_size", "rollout.groups_per_rank", "train.steps",
+               "train.eval_sequences")
+
+
+def _sized(cfg: Config, size: RunSize) -> Config:
+    cfg.rollout.group_size = size.group_size
+    cfg.rollout.groups_per_rank = size.groups_per_rank
+    cfg.train.steps = size.iterations
+    cfg.train.eval_sequences = size.eval_sequences
+    return cfg
+
+
+def _embedded_world(cfg: Config) -> Config:
+    """The shipped embedded world model and the label thresholds of its world."""
     cfg.model.patch = 8
     cfg.model.depth = 4
     cfg.model.prediction = "warp"
     cfg.model.motion_latent = True
+    # a linear keys-to-motion branch on the warp head (zero-initialised; RL trains it)
+    cfg.model.pose_branch = True
     # the shipped base model (docs/base_model.md): 3835 steps without motion latents (4.5 min
     # on an H200), then 1500 with them from those weights; no key combinations at all
     cfg.pretrain.steps = 1500
     cfg.pretrain.composite_fraction = 0.0
-    cfg.rollout.group_size = 8
+    # the sampler steps the base model is evaluated with
     cfg.rollout.steps = 10
     # combinations of two keys, as WorldPlay's composite actions (forward + turn, ...)
     cfg.rollout.composite_keys = (2,)
     cfg.reward.trans_thresholds = (0.08, 0.12)
     cfg.reward.rot_threshold_deg = 2.0
-    cfg.train.eval_sequences = 16
-    # the RL recipe that raises two-key accuracy here (docs/design.md section 4.3,
-    # bench/RESULTS.md "Exploration in camera motion" and "Basic commands in the update"):
-    # each candidate under its own random camera motion, a linear keys-to-motion branch, only
-    # the conditioning pathway trained, ten groups of 8 per update on clip 1 (a fifth of them
-    # basic prompts, so the weights that draw every command's frames also see basic ones), IF
-    # weighted 0.8
-    cfg.model.pose_branch = True
+    return cfg
+
+
+def _recipe(cfg: Config) -> Config:
+    """The RL recipe that raises two-key accuracy (docs/design.md section 4.3): each candidate
+    under its own random camera motion, only the conditioning pathway trained, groups on clip 1
+    (a fifth of them basic prompts, so the weights that draw every command's frames also see
+    basic ones), IF weighted 0.8. The same on every machine and backbone."""
     cfg.rollout.warp_exploration = 0.25
     cfg.optim.trainable = "conditioning"
     cfg.optim.lr = 6e-4
-    cfg.rollout.groups_per_rank = 10
     cfg.rollout.num_clips = 1
     cfg.rollout.composite_fraction = 0.8
     cfg.reward.lam = 0.8
     cfg.ema.end = 0.5
-    cfg.train.steps = 60
     return cfg
+
+
+def _cpu() -> Config:
+    return _sized(_recipe(_embedded_world(Config(preset="cpu"))), SIZES["cpu"])
+
+
+def _gpu() -> Config:
+    return _sized(_recipe(_embedded_world(Config(preset="gpu"))), SIZES["gpu"])
 
 
 def _smoke() -> Config:
@@ -508,10 +552,15 @@ def _wan_smoke() -> Config:
     return cfg
 
 
-_BUILDERS = {"paper": _paper, "official": _official, "cpu": _cpu, "smoke": _smoke,
-             "wan": _wan, "wan_smoke": _wan_smoke}
+_BUILDERS = {"paper": _paper, "official": _official, "cpu": _cpu, "gpu": _gpu,
+             "smoke": _smoke, "wan": _wan, "wan_smoke": _wan_smoke}
 # presets whose model.path the user gives: they validate once it is set
 NEEDS_MODEL_PATH = ("wan", "wan_smoke")
+
+
+def machine_preset(cuda: bool) -> str:
+    """The recipe's preset sized for this machine: ``gpu`` with CUDA, ``cpu`` without."""
+    return "gpu" if cuda else "cpu"
 
 
 def build_preset(name: str) -> Config:
@@ -758,6 +807,11 @@ def validate(cfg: Config) -> None:
                  "model.prediction (with rollout.warp_exploration)", "'warp' on the embedded "
                  "model (the offset moves its warp head's affine flow)", m.prediction)
         _require(cfg.train.update == "nft", "train.update (with rollout.warp_exploration)",
+                 "'nft'", cfg.train.update)
+    _require(ro.action_exploration >= 0.0, "rollout.action_exploration", ">= 0 (0 = off)",
+             ro.action_exploration)
+    if ro.action_exploration > 0:
+        _require(cfg.train.update == "nft", "train.update (with rollout.action_exploration)",
                  "'nft'", cfg.train.update)
     _require(len(ro.composite_keys) >= 1 and set(ro.composite_keys) <= {2, 3, 4}
              and all(isinstance(k, int) for k in ro.composite_keys), "rollout.composite_keys",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim import AdamW, Muon, Optimizer
 
@@ -19,6 +19,7 @@ from torch.optim import AdamW, Muon, Optimizer
 from torch.optim._muon import _adjust_lr
 
 from wc_fast.config import OptimConfig
+from wc_fast.models.protocol import WorldModel
 
 # the param-group entries of torch's Muon that :func:`grouped_muon_step` takes
 MUON_HYPERPARAMETERS = ("lr", "weight_decay", "momentum", "nesterov", "ns_coefficients",
@@ -122,22 +123,19 @@ class ShardedMuon(GroupedMuon):
                 target.copy_(value)
 
 
-def freeze_untrained(model: nn.Module, trainable: str) -> None:
+def freeze_untrained(model: WorldModel, trainable: str) -> None:
     """Turn off the gradient of every weight ``optim.trainable`` leaves out (``all``: none;
     ``conditioning``: all but ``model.conditioning_parameters()``)."""
     if trainable == "all":
         return
     if trainable != "conditioning":
         raise ValueError(f"trainable must be 'all' or 'conditioning', got {trainable!r}")
-    if not hasattr(model, "conditioning_parameters"):
-        raise TypeError(f"optim.trainable='conditioning' needs a model with "
-                        f"conditioning_parameters(); {type(model).__name__} has none")
     keep = {id(p) for p in model.conditioning_parameters()}
     for p in model.parameters():
         p.requires_grad_(id(p) in keep)
 
 
-def build_optimizers(model: nn.Module, cfg: OptimConfig, *, grouped: bool = True
+def build_optimizers(model: WorldModel, cfg: OptimConfig, *, grouped: bool = True
                      ) -> list[Optimizer]:
     """``[Muon, AdamW]`` (``muon``) or ``[AdamW]`` (``adamw``).
 
@@ -147,10 +145,6 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, *, grouped: bool = True
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adamw":
         return [AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)]
-    if not hasattr(model, "hidden_matrices"):
-        raise TypeError(f"optim.optimizer={cfg.optimizer!r} needs a model with "
-                        f"hidden_matrices() (the 2-D weights Muon updates); "
-                        f"{type(model).__name__} has none")
     hidden = {id(p) for p in model.hidden_matrices()}
     matrices = [p for p in params if id(p) in hidden]
     rest = [p for p in params if id(p) not in hidden]

@@ -17,8 +17,9 @@ from torch import Tensor
 
 from wc_fast.config import GRPOConfig
 from wc_fast.models import ContextCache, WorldModel
+from wc_fast.models.clips import MOVEMENT_KEYS
 from wc_fast.models.motion_latent import noise_latents
-from wc_fast.sampler import ClipSampler, SDETrajectory
+from wc_fast.sampler import ClipSampler, Offsets, SDETrajectory
 
 
 @dataclass(slots=True)
@@ -78,6 +79,37 @@ def generate_history(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
     return torch.cat(frames, dim=1), frame_actions, cache
 
 
+@dataclass(frozen=True, slots=True)
+class MotionExploration:
+    """How the candidates of a group explore camera motion, each under its own random motion
+    drawn independently of the command (docs/design.md section 4.3).
+
+    ``action``: standard deviation of a per-candidate offset to each movement key's intensity
+    (the model's ``velocity(..., action_offset=)``), held over the clip: any world model that
+    embeds its keys takes it. ``warp``: standard deviation, in pixels per frame, of a shift and
+    zoom added to the embedded model's warp head (``affine_offset``). The update trains on the
+    commanded conditioning alone, so it distils the motions that followed the command.
+    """
+
+    action: float = 0.0
+    warp: float = 0.0
+
+    def offsets(self, num: int, size: int, gen: torch.Generator) -> Offsets:
+        """The velocity keywords of ``num`` candidates of ``size`` x ``size`` frames, drawn from
+        ``gen`` (the warp offsets first, so a warp-only exploration draws what it always drew)."""
+        offsets = {}
+        warp = warp_exploration_offsets(num, self.warp, size, gen)
+        if warp is not None:
+            offsets["affine_offset"] = warp
+        if self.action > 0:
+            offsets["action_offset"] = self.action * torch.randn(
+                num, MOVEMENT_KEYS, generator=gen, device=gen.device)
+        return offsets
+
+
+NO_EXPLORATION = MotionExploration()
+
+
 def warp_exploration_offsets(num: int, strength: float, size: int, gen: torch.Generator
                              ) -> Tensor | None:
     """Random camera motions ``[num, 6]`` as affine-flow parameters
@@ -96,20 +128,19 @@ def warp_exploration_offsets(num: int, strength: float, size: int, gen: torch.Ge
 @torch.no_grad()
 def rollout_clip_level(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
                        actions: Tensor, clip_index: int, group_size: int, gen: torch.Generator,
-                       *, grpo: GRPOConfig | None = None, warp_exploration: float = 0.0
-                       ) -> GroupRollout:
+                       *, grpo: GRPOConfig | None = None,
+                       explore: MotionExploration = NO_EXPLORATION) -> GroupRollout:
     """History once, then ``group_size`` candidates of clip ``clip_index`` in one batch; with
     ``grpo``, sampled by :meth:`ClipSampler.sample_sde` with its ``same_noise`` and ``window``;
-    with ``warp_exploration``, each candidate under its own random camera motion
-    (:func:`warp_exploration_offsets`; the history is generated without)."""
+    with ``explore``, each candidate under its own random camera motion (the history is
+    generated without)."""
     f = model.clip_frames
     history, history_actions, cache = generate_history(model, sampler, prompt, actions,
                                                        clip_index - 1, gen)
     clip_actions = actions[(clip_index - 1) * f:clip_index * f]
     if grpo is None:
-        offset = warp_exploration_offsets(group_size, warp_exploration, prompt.shape[-1], gen)
         sampled = sampler.sample(cache, clip_actions, num=group_size, generator=gen,
-                                 affine_offset=offset)
+                                 offsets=explore.offsets(group_size, prompt.shape[-1], gen))
     else:
         sampled = sampler.sample_sde(cache, clip_actions, num=group_size, generator=gen,
                                      same_noise=grpo.same_noise, window=grpo.window)
@@ -121,17 +152,17 @@ def rollout_clip_level(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
 @torch.no_grad()
 def rollout_sample_level(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
                          actions: Tensor, clip_index: int, group_size: int, gen: torch.Generator,
-                         *, warp_exploration: float = 0.0) -> GroupRollout:
+                         *, explore: MotionExploration = NO_EXPLORATION) -> GroupRollout:
     """Each candidate generates its whole sequence ``1..clip_index`` (its own history); with
-    ``warp_exploration``, its last clip under its own random camera motion."""
+    ``explore``, its last clip under its own random camera motion."""
     f = model.clip_frames
     clip_actions = actions[(clip_index - 1) * f:clip_index * f]
     histories, caches, candidates, latents = [], [], [], []
     for _ in range(group_size):
         history, history_actions, cache = generate_history(model, sampler, prompt, actions,
                                                            clip_index - 1, gen)
-        offset = warp_exploration_offsets(1, warp_exploration, prompt.shape[-1], gen)
-        sampled = sampler.sample(cache, clip_actions, num=1, generator=gen, affine_offset=offset)
+        sampled = sampler.sample(cache, clip_actions, num=1, generator=gen,
+                                 offsets=explore.offsets(1, prompt.shape[-1], gen))
         histories.append(history)
         caches.append(cache)
         candidates.append(model.bound_frames(sampled.clips))

@@ -33,6 +33,8 @@ from wc_kernels import sde_log_prob
 
 CAPTURE_MODES = typing.get_args(Capture)
 EXPLORATION_MODES = typing.get_args(Exploration)
+# per-candidate keyword inputs of a model's velocity, by name (see ClipSampler.sample)
+Offsets = dict[str, Tensor]
 
 
 def sigma_schedule(steps: int = 40, shift: float = 5.0) -> Tensor:
@@ -118,15 +120,17 @@ class ClipSampler:
 
     def sample(self, cache: ContextCache, actions: Tensor, *, num: int,
                generator: torch.Generator | None = None, noise: Tensor | None = None,
-               step_noise: Tensor | None = None, affine_offset: Tensor | None = None
+               step_noise: Tensor | None = None, offsets: Offsets | None = None
                ) -> SampledClips:
         """``num`` candidates of one clip; ``actions`` ``[F]`` (shared) or ``[num, F]``.
 
         Initial ``noise`` ``[num, F, C, H, W]`` (and, for ``sde``, ``step_noise``
         ``[T-1, num, F, C, H, W]``) are drawn from ``generator`` unless given, and returned so
         the rollout can be replayed; drawn noise is warped by the actions (``noise_warp``),
-        given noise is used as it is. ``affine_offset`` ``[num, 6]``: a camera motion imposed
-        on each candidate (the model's ``velocity(..., affine_offset=)``).
+        given noise is used as it is. ``offsets``: per-candidate inputs ``[num, ...]`` passed to
+        the model's ``velocity`` by keyword (``action_offset``: a soft change of each
+        candidate's pressed keys; ``affine_offset``: a camera motion imposed by the embedded
+        model's warp head), with which rollouts explore camera motion.
         """
         device = self._device()
         shape = self._clip_shape(num)
@@ -140,7 +144,7 @@ class ClipSampler:
             step_noise = torch.randn((len(self.sigmas) - 2, *shape), generator=generator,
                                      device=device)
         with torch.no_grad():
-            clips = self._integrate(noise, cache, actions.to(device), step_noise, affine_offset)
+            clips = self._integrate(noise, cache, actions.to(device), step_noise, offsets)
         return SampledClips(clips=clips, noise=noise, step_noise=step_noise)
 
     def sample_sde(self, cache: ContextCache, actions: Tensor, *, num: int,
@@ -190,26 +194,26 @@ class ClipSampler:
         return self.capture
 
     def _integrate(self, noise: Tensor, cache: ContextCache, actions: Tensor,
-                   step_noise: Tensor | None, offset: Tensor | None = None) -> Tensor:
+                   step_noise: Tensor | None, offsets: Offsets | None = None) -> Tensor:
         mode = self._mode(noise.device)
         if mode == "cuda_graph":
             key = (tuple(noise.shape), cache.num_tokens, cache.num_frames, tuple(actions.shape),
-                   noise.dtype, step_noise is not None, offset is not None)
+                   noise.dtype, step_noise is not None, tuple(sorted(offsets or {})))
             if key not in self._graphs:
                 self._graphs[key] = _CapturedLoop(self, noise, cache, actions, step_noise,
-                                                  offset)
-            return self._graphs[key].replay(noise, cache, actions, step_noise, offset)
+                                                  offsets)
+            return self._graphs[key].replay(noise, cache, actions, step_noise, offsets)
         if mode != "compile":
-            return self._loop(self._step, noise, cache, actions, step_noise, offset)
+            return self._loop(self._step, noise, cache, actions, step_noise, offsets)
         if noise.device.type != "cuda":
             return self._loop(self._compiled(noise.device), noise, cache, actions, step_noise,
-                              offset)
+                              offsets)
         # reduce-overhead replays CUDA graphs whose outputs live in memory the next replay
         # reuses: one generation per sampling loop (each step's output feeds the next step
         # inside it), and the result copied out before a later loop overwrites it
         torch.compiler.cudagraph_mark_step_begin()
         return self._loop(self._compiled(noise.device), noise, cache, actions,
-                          step_noise, offset).clone()
+                          step_noise, offsets).clone()
 
     def _sde_steps(self, window: int, generator: torch.Generator | None,
                    device: torch.device) -> list[int]:
@@ -265,7 +269,7 @@ class ClipSampler:
         return self._compiled_step
 
     def _loop(self, step, noise: Tensor, cache: ContextCache, actions: Tensor,
-              step_noise: Tensor | None, offset: Tensor | None = None) -> Tensor:
+              step_noise: Tensor | None, offsets: Offsets | None = None) -> Tensor:
         """Integrate from ``noise`` over the schedule; per-step scalars are device tensors."""
         x = noise.clone()
         num, device = noise.shape[0], noise.device
@@ -277,19 +281,18 @@ class ClipSampler:
             x = step(x, torch.full((num,), s, device=device), torch.full((), s, device=device),
                      torch.full((), s_next - s, device=device), torch.full((), std, device=device),
                      actions, cache.keys, cache.values, cache.num_frames, cache.signature,
-                     cache.last_frame, step_noise[i] if stochastic else None, motion, offset)
+                     cache.last_frame, step_noise[i] if stochastic else None, motion, offsets)
         return x
 
     def _step(self, x: Tensor, sigma: Tensor, s: Tensor, dt: Tensor, std: Tensor,
               actions: Tensor, keys: list[Tensor], values: list[Tensor], num_frames: int,
               signature: tuple, last_frame: Tensor | None, eps: Tensor | None,
-              motion: Tensor | None = None, offset: Tensor | None = None) -> Tensor:
+              motion: Tensor | None = None, offsets: Offsets | None = None) -> Tensor:
         """One Euler step, or a Flow-GRPO SDE step when ``eps`` is given, from ``s`` by ``dt``."""
         cache = ContextCache(keys=keys, values=values, num_frames=num_frames,
                              signature=signature, last_frame=last_frame)
         extra = {} if motion is None else {"motion": motion}
-        if offset is not None:
-            extra["affine_offset"] = offset
+        extra.update(offsets or {})
         v = self.model.velocity(x, sigma, actions, cache, **extra)
         return self._update(x, v, s, dt, std, eps)
 
@@ -308,24 +311,24 @@ class ClipSampler:
 class _CapturedLoop:
     """The whole sampling loop captured in one CUDA graph for one input shape.
 
-    Inputs (noise, history keys/values, actions, step noise, affine offsets) live in static
+    Inputs (noise, history keys/values, actions, step noise, per-candidate offsets) live in static
     buffers refreshed with ``copy_``; the schedule is baked into the captured steps; there is no
     host sync.
     """
 
     def __init__(self, sampler: ClipSampler, noise: Tensor, cache: ContextCache,
-                 actions: Tensor, step_noise: Tensor | None, offset: Tensor | None) -> None:
+                 actions: Tensor, step_noise: Tensor | None, offsets: Offsets | None) -> None:
         self.noise = noise.clone()
         self.keys = [k.clone() for k in cache.keys]
         self.values = [v.clone() for v in cache.values]
         self.last_frame = None if cache.last_frame is None else cache.last_frame.clone()
         self.actions = actions.clone()
         self.step_noise = None if step_noise is None else step_noise.clone()
-        self.offset = None if offset is None else offset.clone()
+        self.offsets = {name: t.clone() for name, t in (offsets or {}).items()}
         self.cache = ContextCache(self.keys, self.values, cache.num_frames, cache.signature,
                                   self.last_frame)
         run = lambda: sampler._loop(sampler._step, self.noise, self.cache,  # noqa: E731
-                                    self.actions, self.step_noise, self.offset)
+                                    self.actions, self.step_noise, self.offsets)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
@@ -337,7 +340,7 @@ class _CapturedLoop:
             self.out = run()
 
     def replay(self, noise: Tensor, cache: ContextCache, actions: Tensor,
-               step_noise: Tensor | None, offset: Tensor | None) -> Tensor:
+               step_noise: Tensor | None, offsets: Offsets | None) -> Tensor:
         self.noise.copy_(noise)
         for dst, src in zip(self.keys + self.values, cache.keys + cache.values, strict=True):
             dst.copy_(src)
@@ -346,7 +349,7 @@ class _CapturedLoop:
         self.actions.copy_(actions)
         if step_noise is not None:
             self.step_noise.copy_(step_noise)
-        if offset is not None:
-            self.offset.copy_(offset)
+        for name, t in (offsets or {}).items():
+            self.offsets[name].copy_(t)
         self.graph.replay()
         return self.out.clone()

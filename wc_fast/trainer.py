@@ -17,8 +17,10 @@ micro-batches (docs/design.md section 4.1).
 World-R1's options (docs/design.md section 4.2): periodic decoupled iterations
 (``reward.decouple_every``) train on VQ alone over high-motion prompts, and
 ``rollout.noise_warp`` samples from noise warped along the commanded camera motion.
-``rollout.warp_exploration`` imposes a random camera motion on each candidate of a group, so
-that candidates differ in how they move (docs/design.md section 4.3).
+``rollout.action_exploration`` (any backbone: a random change of each candidate's pressed
+keys) and ``rollout.warp_exploration`` (the embedded model's warp head) impose a random camera
+motion on each candidate of a group, so that candidates differ in how they move
+(docs/design.md section 4.3).
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ from wc_fast.actions import is_composite, num_primitives, split_action
 from wc_fast.config import Config, RewardConfig
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
 from wc_fast.ema import ema_decay, ema_update
-from wc_fast.models import ContextCache, FrameCodec, PixelFrames, TinyWorldDiT, WorldModel
+from wc_fast.models import ContextCache, FrameCodec, PixelFrames, WorldModel
 from wc_fast.models.motion_latent import noise_latents, with_latents
+from wc_fast.models.protocol import check_world_model
 from wc_fast.nft import optimality, select_extremes
 from wc_fast.optim import build_optimizers, freeze_untrained
 from wc_fast.rewards import (
@@ -60,7 +63,12 @@ from wc_fast.rewards.exploration import (
     soft_interaction_score,
 )
 from wc_fast.rewards.scoring import camera_poses
-from wc_fast.rollout import GroupRollout, rollout_clip_level, rollout_sample_level
+from wc_fast.rollout import (
+    GroupRollout,
+    MotionExploration,
+    rollout_clip_level,
+    rollout_sample_level,
+)
 from wc_fast.runtime import compile_unavailable, generator, stream_seed
 from wc_fast.sampler import ClipSampler, sigma_schedule
 from wc_fast.world import sample_sequences
@@ -202,6 +210,8 @@ class Trainer:
                  rank: int = 0, world_size: int = 1,
                  process_group: dist.ProcessGroup | None = None,
                  codec: FrameCodec | None = None) -> None:
+        check_world_model(model)
+        self._check_exploration(cfg, model)
         self.cfg = cfg
         # prompts are encoded into the model's frames, rewards read decoded pixel frames
         self.codec = PixelFrames() if codec is None else codec
@@ -249,6 +259,19 @@ class Trainer:
         self.estimator_error = estimator_motion_error(
             self.estimator, clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
 
+    @staticmethod
+    def _check_exploration(cfg: Config, model: WorldModel) -> None:
+        """The rollout's exploration in camera motion must be one the model takes."""
+        ro = cfg.rollout
+        for name, strength, needs in (("rollout.action_exploration", ro.action_exploration,
+                                       "action_offset"),
+                                      ("rollout.warp_exploration", ro.warp_exploration,
+                                       "affine_offset")):
+            if strength > 0 and needs not in model.exploration_inputs:
+                raise ValueError(f"{name} needs a model whose velocity takes {needs}; "
+                                 f"{type(model).__name__} takes "
+                                 f"{sorted(model.exploration_inputs)}")
+
     # -- groups ---------------------------------------------------------------------------------
 
     def group_ids(self) -> list[int]:
@@ -261,11 +284,13 @@ class Trainer:
     def rollout(self, step: int, clip_index: int) -> list[GroupRollout]:
         """Each of this rank's groups rolled out for clip ``clip_index``, from high-motion
         prompts in a decoupled iteration."""
-        run = rollout_sample_level if self.cfg.rollout.mode == "sample" else rollout_clip_level
+        ro = self.cfg.rollout
+        run = rollout_sample_level if ro.mode == "sample" else rollout_clip_level
         if self.grpo:  # validation keeps GRPO to clip-level rollouts
             run = functools.partial(rollout_clip_level, grpo=self.cfg.grpo)
-        elif self.cfg.rollout.warp_exploration:
-            run = functools.partial(run, warp_exploration=self.cfg.rollout.warp_exploration)
+        else:
+            run = functools.partial(run, explore=MotionExploration(
+                action=ro.action_exploration, warp=ro.warp_exploration))
         prompt_of = high_motion_prompt if decoupled(self.cfg.reward, step) else group_prompt
         groups = []
         for g in self.group_ids():
@@ -593,7 +618,7 @@ class Trainer:
         return checkpoint.FrozenBase(path=self.cfg.model.path,
                                      sha256=checkpoint.weights_sha256(frozen))
 
-    def unsharded_model(self) -> TinyWorldDiT | None:
+    def unsharded_model(self) -> WorldModel | None:
         """The current model as one plain module on rank 0 (``None`` elsewhere); a collective
         under FSDP2, where every rank must call it."""
         if not self.sharded:
@@ -601,7 +626,7 @@ class Trainer:
         weights = full_state_dict(self.model)
         if self.rank != 0:
             return None
-        model = TinyWorldDiT(self.cfg.model).to(self.device)
+        model = self.model.fresh_copy().to(self.device)
         load_full_state_dict(model, weights)
         return model
 

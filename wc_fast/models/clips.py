@@ -17,6 +17,35 @@ from wc_fast.actions import NUM_ACTIONS
 from wc_kernels._checks import values_checkable
 
 Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
+MOVEMENT_KEYS = 8  # W, S, D, A, then yaw right, yaw left, pitch up, pitch down
+
+
+def check_action_offset(offset: Tensor | None, b: int) -> Tensor | None:
+    """A per-row offset ``[B, 8]`` of the movement keys' intensities (or ``None``).
+
+    Raises ``TypeError`` for a non-float tensor and ``ValueError`` for a wrong shape.
+    """
+    if offset is None:
+        return None
+    if not isinstance(offset, Tensor) or not offset.dtype.is_floating_point:
+        got = offset.dtype if isinstance(offset, Tensor) else type(offset).__name__
+        raise TypeError(f"action_offset must be a floating-point tensor, got {got}")
+    if tuple(offset.shape) != (b, MOVEMENT_KEYS):
+        raise ValueError(f"action_offset must have shape [{b}, {MOVEMENT_KEYS}] (one offset per "
+                         f"row and movement key), got {tuple(offset.shape)}")
+    return offset
+
+
+def pressed_keys(table: Tensor, actions: Tensor, offset: Tensor | None = None) -> Tensor:
+    """Key intensities ``[B, F, K]`` of action ids ``[B, F]`` from a key table ``[ids, K]``
+    (1 for a pressed key), plus a per-row ``offset`` ``[B, 8]`` on the movement keys of every
+    frame: a soft change of the command held over the clip, which rollouts use to explore
+    camera motion through the model's own action conditioning."""
+    keys = table[actions]
+    if offset is None:
+        return keys
+    pad = offset.new_zeros(offset.shape[0], keys.shape[-1] - MOVEMENT_KEYS)
+    return keys + torch.cat([offset, pad], dim=-1).to(keys.dtype)[:, None]
 
 
 def check_actions(actions: Tensor, b: int, frames: int) -> Tensor:

@@ -24,10 +24,12 @@ from torch.utils.checkpoint import checkpoint
 from wc_fast.actions import NUM_ACTIONS, label_to_bits, split_action
 from wc_fast.config import PREDICTIONS, ModelConfig
 from wc_fast.models.clips import (
+    check_action_offset,
     check_actions,
     history_chunks,
     history_mask,
     masked_attend,
+    pressed_keys,
     teacher_forced_layout,
 )
 from wc_fast.models.motion_latent import LATENTS
@@ -330,6 +332,17 @@ class TinyWorldDiT(nn.Module):
         """Whether :meth:`velocity` takes motion latents (read from each clip's noise)."""
         return self.cfg.motion_latent
 
+    @property
+    def exploration_inputs(self) -> frozenset[str]:
+        """The per-candidate keywords of :meth:`velocity` that explore camera motion: the
+        action offset, and with a warp head its affine offset."""
+        warp = {"affine_offset"} if self.cfg.prediction == "warp" else set()
+        return frozenset({"action_offset", *warp})
+
+    def fresh_copy(self) -> TinyWorldDiT:
+        """A new, freshly initialised model of this configuration on the CPU."""
+        return TinyWorldDiT(self.cfg, attention_backend=self.attention_backend)
+
     # -- shapes and conditioning ------------------------------------------------------------
 
     def _check_frames(self, name: str, frames: Tensor) -> None:
@@ -345,16 +358,17 @@ class TinyWorldDiT(nn.Module):
                              f"model has {self.signature} (resolution, channels, patch, dim, "
                              "depth, heads)")
 
-    def _conditioning(self, sigma: Tensor, actions: Tensor, motion: Tensor | None = None
-                      ) -> Tensor:
+    def _conditioning(self, sigma: Tensor, actions: Tensor, motion: Tensor | None = None,
+                      action_offset: Tensor | None = None) -> Tensor:
         """``sigma`` ``[B]`` or ``[B, F]``, ``actions`` ``[B, F]``, ``motion`` latents
         ``[B, F, 3]`` (models with ``motion_latent``; ``None``: zeros, as for clean history
-        frames) -> condition ``[B, F, D]``."""
+        frames), ``action_offset`` ``[B, 8]`` (see :func:`pressed_keys`) -> condition
+        ``[B, F, D]``."""
         b, f = actions.shape
         per_frame = sigma.reshape(b, -1).expand(b, f).reshape(-1)
         t = self.sigma_mlp(sigma_embedding(per_frame)).reshape(b, f, -1)
-        keys = self.keys_of_action[actions].to(self.key_embed.weight.dtype)
-        cond = t + self.key_embed(keys)
+        keys = pressed_keys(self.keys_of_action, actions, action_offset)
+        cond = t + self.key_embed(keys.to(self.key_embed.weight.dtype))
         if self.cfg.motion_latent:  # clean history frames: zero latents
             if motion is None:
                 motion = cond.new_zeros(b, f, LATENTS)
@@ -548,12 +562,15 @@ class TinyWorldDiT(nn.Module):
     # -- prediction ---------------------------------------------------------------------------
 
     def velocity(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache, *,
-                 motion: Tensor | None = None, affine_offset: Tensor | None = None) -> Tensor:
+                 motion: Tensor | None = None, action_offset: Tensor | None = None,
+                 affine_offset: Tensor | None = None) -> Tensor:
         """Velocity ``[B, F, C, H, W]`` (fp32; fp64 for an fp64 model) of ``B`` noisy clips.
 
         ``x_t`` ``[B, F, C, H, W]`` with ``F`` the clip length, ``sigma`` ``[B]``,
         ``actions`` ``[B, F]`` or ``[F]`` (one command shared by all rows), ``motion`` the
         clips' motion latents ``[B, 3]`` (only for a ``motion_latent`` model).
+        ``action_offset`` ``[B, 8]``: added to each row's movement-key intensities
+        (:func:`~wc_fast.models.clips.pressed_keys`; ``rollout.action_exploration``).
         ``affine_offset`` ``[B, 6]``: added to every frame's affine flow parameters
         (:func:`affine_flow`; ``prediction="warp"`` only), a camera motion imposed on each
         row, which rollouts use to explore (``rollout.warp_exploration``).
@@ -568,6 +585,7 @@ class TinyWorldDiT(nn.Module):
                              f"{tuple(sigma.shape) if isinstance(sigma, Tensor) else sigma!r}")
         actions = check_actions(actions, b, f)
         motion = self._check_motion(motion, b)
+        action_offset = check_action_offset(action_offset, b)
         if affine_offset is not None and (self.cfg.prediction != "warp" or not isinstance(
                 affine_offset, Tensor) or tuple(affine_offset.shape) != (b, 6)):
             raise ValueError(f"affine_offset must be a [{b}, 6] tensor for a model with "
@@ -576,8 +594,10 @@ class TinyWorldDiT(nn.Module):
         reference = self._cache_reference(cache, x_t)
         x, cond, _, _ = self._trunk(
             x_t, sigma, actions, cache, reference=reference,
-            motion=None if motion is None else motion[:, None].expand(b, f, -1))
-        out = self._head(x, cond, reference, actions, affine_offset=affine_offset)
+            motion=None if motion is None else motion[:, None].expand(b, f, -1),
+            action_offset=action_offset)
+        out = self._head(x, cond, reference, actions, affine_offset=affine_offset,
+                         action_offset=action_offset)
         return self._as_velocity(out, x_t, sigma[:, None].expand(b, f))
 
     def _as_velocity(self, out: Tensor, x_t: Tensor, sigma: Tensor) -> Tensor:
@@ -617,7 +637,8 @@ class TinyWorldDiT(nn.Module):
 
     def _trunk(self, frames: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache,
                attend=None, positions: Tensor | None = None, reference: Tensor | None = None,
-               motion: Tensor | None = None) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor]]:
+               motion: Tensor | None = None, action_offset: Tensor | None = None
+               ) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor]]:
         """All blocks on one chunk per row ``[B, F, C, H, W]`` against the history in ``cache``.
 
         ``sigma`` ``[B]`` or per frame ``[B, F]``. ``attend(q, k, v)`` replaces the
@@ -634,7 +655,7 @@ class TinyWorldDiT(nn.Module):
         param_dtype = self.patch_embed.weight.dtype
         rope = rope_tables(positions, self.grid, self.cfg.dim // self.cfg.heads,
                            compute_dtype(param_dtype))
-        cond = self._conditioning(sigma.to(param_dtype), actions, motion)
+        cond = self._conditioning(sigma.to(param_dtype), actions, motion, action_offset)
         with self._autocast(device):
             tokens = self.patchify(frames.to(param_dtype))
             if reference is not None:
@@ -654,7 +675,8 @@ class TinyWorldDiT(nn.Module):
         return x, cond, keys, values
 
     def _head(self, x: Tensor, cond: Tensor, reference: Tensor | None, actions: Tensor,
-              first: int = 0, affine_offset: Tensor | None = None) -> Tensor:
+              first: int = 0, affine_offset: Tensor | None = None,
+              action_offset: Tensor | None = None) -> Tensor:
         """The output head on frames ``first:`` of the trunk's tokens ``x`` ``[B, F*T, D]``,
         condition ``cond`` and actions ``[B, F]``: the clip ``[B, F - first, C, H, W]``
         (velocity, x0, or for ``warp`` the reference frames warped by the predicted flow,
@@ -670,8 +692,9 @@ class TinyWorldDiT(nn.Module):
                 frame_tokens = h.reshape(b, n, self.tokens_per_frame, -1).mean(dim=2)
                 affine = self.affine_flow(frame_tokens).to(out.dtype)
                 if self.cfg.pose_branch:
-                    keys = self.keys_of_action[actions[:, first:]].to(self.pose_flow.weight.dtype)
-                    affine = affine + (self.pose_flow(keys) * self.pose_scale).to(out.dtype)
+                    keys = pressed_keys(self.keys_of_action, actions[:, first:], action_offset)
+                    affine = affine + (self.pose_flow(keys.to(self.pose_flow.weight.dtype))
+                                       * self.pose_scale).to(out.dtype)
                 if affine_offset is not None:
                     affine = affine + affine_offset[:, None].to(out.dtype)
         if self.cfg.prediction != "warp":

@@ -41,10 +41,12 @@ from torch.utils.checkpoint import checkpoint
 
 from wc_fast.models.clips import (
     Attend,
+    check_action_offset,
     check_actions,
     history_chunks,
     history_mask,
     masked_attend,
+    pressed_keys,
     teacher_forced_layout,
 )
 from wc_fast.models.protocol import ContextCache
@@ -223,6 +225,7 @@ class WanWorldModel(nn.Module):
     """
 
     motion_latent = False
+    exploration_inputs = frozenset({"action_offset"})
 
     def __init__(self, transformer: WanTransformer3DModel, *, clip_frames: int,
                  latent_size: tuple[int, int], prompt_embeds: Tensor | None = None,
@@ -252,6 +255,8 @@ class WanWorldModel(nn.Module):
             raise ValueError(f"autocast_dtype must be float32, bfloat16 or float16, got "
                              f"{autocast_dtype}")
         self.autocast_dtype = autocast_dtype
+        self.seed = seed
+        self.lora: tuple[int, float, tuple[str, ...]] | None = None
         param = transformer.patch_embedding.weight
         dim = cfg.num_attention_heads * cfg.attention_head_dim
         if prompt_embeds is None:
@@ -310,6 +315,7 @@ class WanWorldModel(nn.Module):
         if missing:
             raise ValueError(f"model.lora_targets {missing} name no linear layer of the "
                              f"transformer (its linears include {names[:8]})")
+        self.lora = (rank, alpha, tuple(targets))
         config = peft.LoraConfig(r=rank, lora_alpha=alpha or rank, target_modules=list(targets))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -317,6 +323,21 @@ class WanWorldModel(nn.Module):
         self.requires_grad_(False)
         for p in (*self.lora_parameters(), *self.conditioning_parameters()):
             p.requires_grad_(True)
+
+    def fresh_copy(self) -> WanWorldModel:
+        """A new model of this architecture and options on the CPU: a freshly initialised
+        transformer of the same config, action layers drawn from the same seed, the same
+        LoRA adapters."""
+        copy = WanWorldModel(WanTransformer3DModel.from_config(self.transformer.config),
+                             clip_frames=self.clip_frames, latent_size=self.latent_size,
+                             prompt_embeds=self.prompt_embeds.cpu(),
+                             context_sigma=self.context_sigma,
+                             attention_backend=self.attention_backend, seed=self.seed,
+                             activation_checkpointing=self.activation_checkpointing,
+                             autocast_dtype=self.autocast_dtype)
+        if self.lora is not None:
+            copy.add_lora(*self.lora, seed=self.seed)
+        return copy
 
     def lora_parameters(self) -> list[nn.Parameter]:
         """Both factors of every LoRA adapter (none without :meth:`add_lora`)."""
@@ -456,9 +477,11 @@ class WanWorldModel(nn.Module):
         dtype = self.autocast_dtype
         return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
-    def _conditioning(self, sigma: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-frame ``sigma``, ``actions`` ``[B, F]`` -> the timestep embedding with the action
-        added ``[B, F, D]``, its modulation ``[B, F, 6, D]`` and the text tokens ``[B, L, D]``.
+    def _conditioning(self, sigma: Tensor, actions: Tensor, action_offset: Tensor | None = None
+                      ) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-frame ``sigma``, ``actions`` ``[B, F]`` (and a per-row ``action_offset``
+        ``[B, 8]``, :func:`pressed_keys`) -> the timestep embedding with the action added
+        ``[B, F, D]``, its modulation ``[B, F, 6, D]`` and the text tokens ``[B, L, D]``.
 
         The steps of diffusers' ``WanTimeTextImageEmbedding``, per frame.
         """
@@ -469,8 +492,8 @@ class WanWorldModel(nn.Module):
         t = embedder.timesteps_proj(timestep)
         t = t.to(next(embedder.time_embedder.parameters()).dtype)
         temb = embedder.time_embedder(t).type_as(context).unflatten(0, (b, f))
-        keys = self.keys_of_action[actions].to(self.key_embed.weight.dtype)
-        temb = temb + self.action_proj(self.key_embed(keys))
+        keys = pressed_keys(self.keys_of_action, actions, action_offset)
+        temb = temb + self.action_proj(self.key_embed(keys.to(self.key_embed.weight.dtype)))
         modulation = embedder.time_proj(embedder.act_fn(temb)).unflatten(-1, (6, -1))
         return temb, modulation, context
 
@@ -511,7 +534,7 @@ class WanWorldModel(nn.Module):
     # -- forward -----------------------------------------------------------------------------
 
     def _trunk(self, frames: Tensor, sigma: Tensor, actions: Tensor, positions: Tensor,
-               attend_for: Callable[[int], Attend]
+               attend_for: Callable[[int], Attend], action_offset: Tensor | None = None
                ) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor]]:
         """Every block on ``frames`` ``[B, F, C, H, W]`` at per-frame ``sigma`` and ``actions``
         ``[B, F]`` and frame ``positions`` ``[F]``; layer ``i`` attends with ``attend_for(i)``.
@@ -522,7 +545,7 @@ class WanWorldModel(nn.Module):
         runs again in the backward (its keys and values are recomputed with it).
         """
         rope = self._rope(positions)
-        temb, modulation, context = self._conditioning(sigma, actions)
+        temb, modulation, context = self._conditioning(sigma, actions, action_offset)
         keys, values = [], []
         rerun = self.activation_checkpointing and torch.is_grad_enabled()
         with self._autocast(frames.device):
@@ -620,12 +643,14 @@ class WanWorldModel(nn.Module):
     # -- prediction --------------------------------------------------------------------------
 
     def velocity(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache, *,
-                 motion: Tensor | None = None) -> Tensor:
+                 motion: Tensor | None = None, action_offset: Tensor | None = None) -> Tensor:
         """Velocity ``[B, F, C, H, W]`` (fp32; fp64 for an fp64 model) of ``B`` noisy clips.
 
         ``x_t`` ``[B, F, C, H, W]`` one clip per row, ``sigma`` ``[B]``, ``actions`` ``[B, F]``
         or ``[F]``; every row attends to its own tokens and the shared history in ``cache``,
-        at frame positions ``cache.num_frames ...``. ``motion`` must be ``None``.
+        at frame positions ``cache.num_frames ...``. ``motion`` must be ``None``;
+        ``action_offset`` ``[B, 8]`` shifts each row's movement-key intensities
+        (:func:`pressed_keys`).
         """
         if motion is not None:
             raise ValueError("motion latents given to a model without motion latents")
@@ -636,9 +661,10 @@ class WanWorldModel(nn.Module):
             raise ValueError(f"x_t must hold one clip of {self.clip_frames} frames, got {f}")
         self._check_sigma(sigma, (b,))
         actions = check_actions(actions, b, f)
+        action_offset = check_action_offset(action_offset, b)
         positions = torch.arange(cache.num_frames, cache.num_frames + f, device=x_t.device)
         x, temb, _, _ = self._trunk(x_t, sigma[:, None].expand(b, f), actions, positions,
-                                    lambda i: self._prefix_attend(cache, i))
+                                    lambda i: self._prefix_attend(cache, i), action_offset)
         return self._head(x, temb)
 
     def teacher_forced_velocity(self, frames: Tensor, actions: Tensor, x_t: Tensor,
