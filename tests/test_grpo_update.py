@@ -151,6 +151,22 @@ def test_first_update_has_ratio_one(monkeypatch, loss_calls):
     assert float((v - first["model_output"].detach()).abs().max()) > 1e-3
 
 
+def test_explored_rollout_is_rescored_under_the_command(monkeypatch, loss_calls):
+    """With action exploration the candidates are sampled under offset keys; the update's
+    reference log-probability is the sampling model's under the commanded keys, so the first
+    update's ratio is 1, and it differs from what the rollout recorded."""
+    trainer = _trainer(monkeypatch, rollout__action_exploration="0.5")
+    rollouts = _record(monkeypatch, trainer, "rollout")
+    trainer.iteration(0)
+    ((_, (group,)),) = rollouts
+    log_prob = torch.cat([c["log_prob"] for c in loss_calls])
+    old = torch.cat([c["old_log_prob"] for c in loss_calls])
+    torch.testing.assert_close(log_prob, old, rtol=0, atol=1e-5)
+    recorded = group.trajectory.log_prob.transpose(0, 1).flatten()
+    assert recorded.shape == old.shape
+    assert float((recorded.sort().values - old.sort().values).abs().max()) > 1e-4
+
+
 def test_advantages_and_constants_reach_the_loss(monkeypatch, loss_calls):
     trainer = _trainer(monkeypatch, grpo__clip_range="0.01", grpo__adv_clip_max="1.5",
                        grpo__timestep_fraction="0.5")

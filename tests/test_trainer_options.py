@@ -12,7 +12,7 @@ from wc_fast import trainer as trainer_module
 from wc_fast.ema import ema_decay
 from wc_fast.models import TinyWorldDiT
 from wc_fast.nft import group_advantages
-from wc_fast.optim import GroupedMuon, freeze_untrained
+from wc_fast.optim import GroupedMuon
 from wc_fast.rewards import interaction_score
 from wc_fast.train import main
 from wc_fast.trainer import Trainer
@@ -356,10 +356,10 @@ def test_trainable_conditioning_updates_only_the_conditioning_weights(monkeypatc
     assert "blocks.0.modulation.weight" in changed and "key_embed.weight" in changed
 
 
-def test_trainable_conditioning_needs_a_model_that_names_its_conditioning(monkeypatch):
+def test_trainer_refuses_a_model_outside_the_protocol_naming_what_it_lacks(monkeypatch):
     cfg = _config(optim__trainable="conditioning", train__init="base")
-    with pytest.raises(TypeError, match="conditioning_parameters"):
-        freeze_untrained(torch.nn.Linear(2, 2), cfg.optim.trainable)
+    with pytest.raises(TypeError, match="lacks .*conditioning_parameters"):
+        Trainer(cfg, torch.nn.Linear(2, 2), torch.device("cpu"))
     with pytest.raises(ValueError, match="optim.trainable"):
         _config(optim__trainable="heads")
     with pytest.raises(ValueError, match="optim.trainable.*train.init"):

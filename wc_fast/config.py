@@ -5,8 +5,9 @@ world model, sized for a 2-core machine and for one GPU (they differ only in
 :data:`SIZE_FIELDS`; the command line picks one by the machine, :func:`machine_preset`);
 ``wan`` is the same recipe on a Wan backbone; ``paper`` and ``official`` reproduce the two
 columns of docs/design.md section 4 (the paper and the official WorldCompass code); ``smoke``
-is a random tiny model through the whole trainer in seconds. Any field can be overridden by name, ``section.field`` (see
-:func:`apply_override`), and every value is checked by :func:`validate`.
+is a random tiny model through the whole trainer in seconds. Any field can be overridden by
+name, ``section.field`` (see :func:`apply_override`), and every value is checked by
+:func:`validate`.
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ class RolloutConfig:
     any backbone: each candidate's movement-key intensities (1 for a pressed key, 0 for the
     others) get an offset per key drawn from a normal of this standard deviation, held over the
     clip (:class:`wc_fast.rollout.MotionExploration`; 0 = off). The history and the update see
-    the commanded keys alone. NFT update only, as ``warp_exploration``.
+    the commanded keys alone. With ``train.update flow_grpo`` the recorded SDE steps are scored
+    again under the commanded keys, so the PPO ratio starts at 1 as an on-policy one does.
     """
 
     group_size: int = 16
@@ -810,9 +812,7 @@ def validate(cfg: Config) -> None:
                  "'nft'", cfg.train.update)
     _require(ro.action_exploration >= 0.0, "rollout.action_exploration", ">= 0 (0 = off)",
              ro.action_exploration)
-    if ro.action_exploration > 0:
-        _require(cfg.train.update == "nft", "train.update (with rollout.action_exploration)",
-                 "'nft'", cfg.train.update)
+
     _require(len(ro.composite_keys) >= 1 and set(ro.composite_keys) <= {2, 3, 4}
              and all(isinstance(k, int) for k in ro.composite_keys), "rollout.composite_keys",
              "a non-empty subset of (2, 3, 4)", ro.composite_keys)

@@ -133,7 +133,7 @@ def rollout_clip_level(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
     """History once, then ``group_size`` candidates of clip ``clip_index`` in one batch; with
     ``grpo``, sampled by :meth:`ClipSampler.sample_sde` with its ``same_noise`` and ``window``;
     with ``explore``, each candidate under its own random camera motion (the history is
-    generated without)."""
+    generated without; a GRPO trajectory's log-probabilities are then the offset policy's)."""
     f = model.clip_frames
     history, history_actions, cache = generate_history(model, sampler, prompt, actions,
                                                        clip_index - 1, gen)
@@ -143,7 +143,8 @@ def rollout_clip_level(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
                                  offsets=explore.offsets(group_size, prompt.shape[-1], gen))
     else:
         sampled = sampler.sample_sde(cache, clip_actions, num=group_size, generator=gen,
-                                     same_noise=grpo.same_noise, window=grpo.window)
+                                     same_noise=grpo.same_noise, window=grpo.window,
+                                     offsets=explore.offsets(group_size, prompt.shape[-1], gen))
     latents = noise_latents(sampled.noise).expand(group_size, -1)
     return GroupRollout(history, history_actions, [cache], model.bound_frames(sampled.clips),
                         clip_actions, clip_index, latents, sampled.trajectory)

@@ -149,7 +149,7 @@ class ClipSampler:
 
     def sample_sde(self, cache: ContextCache, actions: Tensor, *, num: int,
                    generator: torch.Generator | None = None, same_noise: bool = False,
-                   window: int = 0) -> SampledClips:
+                   window: int = 0, offsets: Offsets | None = None) -> SampledClips:
         """``num`` candidates of one clip sampled with Flow-GRPO's SDE, each stochastic step
         recorded in the result's ``trajectory``; ``actions`` ``[F]`` or ``[num, F]``.
 
@@ -158,7 +158,8 @@ class ClipSampler:
         enters at every step but the last (``window = 0``) or at ``window`` consecutive steps
         placed at random (Flow-GRPO-Fast), with deterministic Euler steps elsewhere. Runs
         eagerly: the trajectory needs each step's velocity. Every draw comes from
-        ``generator``.
+        ``generator``. ``offsets`` as in :meth:`sample` (the recorded log-probabilities are
+        then those of the offset policy).
         """
         device = self._device()
         shape = self._clip_shape(num)
@@ -168,7 +169,7 @@ class ClipSampler:
         stochastic = self._sde_steps(window, generator, device)
         with torch.no_grad():
             clips, trajectory = self._record(noise, cache, actions.to(device), stochastic,
-                                             generator)
+                                             generator, offsets)
         return SampledClips(clips=clips, noise=noise, trajectory=trajectory)
 
     # -- internals ----------------------------------------------------------------------------
@@ -229,13 +230,14 @@ class ClipSampler:
         return list(range(start, start + window))
 
     def _record(self, noise: Tensor, cache: ContextCache, actions: Tensor,
-                stochastic: list[int], generator: torch.Generator | None
-                ) -> tuple[Tensor, SDETrajectory]:
+                stochastic: list[int], generator: torch.Generator | None,
+                offsets: Offsets | None = None) -> tuple[Tensor, SDETrajectory]:
         """Integrate ``noise`` ``[G, F, C, H, W]`` with SDE steps at ``stochastic`` and Euler
         steps elsewhere; return the clips and the recorded SDE steps."""
         x = noise.clone()
         num, device = noise.shape[0], noise.device
         extra = {"motion": noise_latents(noise)} if self.model.motion_latent else {}
+        extra.update(offsets or {})
         sigma_max = self.sigmas[1]
         steps: list[tuple[int, Tensor, Tensor, Tensor]] = []
         for i, (s, s_next) in enumerate(zip(self.sigmas[:-1], self.sigmas[1:], strict=True)):

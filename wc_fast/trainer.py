@@ -64,6 +64,7 @@ from wc_fast.rewards.exploration import (
 )
 from wc_fast.rewards.scoring import camera_poses
 from wc_fast.rollout import (
+    NO_EXPLORATION,
     GroupRollout,
     MotionExploration,
     rollout_clip_level,
@@ -72,7 +73,7 @@ from wc_fast.rollout import (
 from wc_fast.runtime import compile_unavailable, generator, stream_seed
 from wc_fast.sampler import ClipSampler, sigma_schedule
 from wc_fast.world import sample_sequences
-from wc_kernels import flow_noise, grpo_sde_loss, nft_loss
+from wc_kernels import flow_noise, grpo_sde_loss, nft_loss, sde_log_prob
 
 CPU_MICRO_BATCH = 32
 # redraws of a decoupled iteration's prompt before giving up (with the validated filter a
@@ -244,6 +245,7 @@ class Trainer:
                                    exploration=ro.exploration, sde_noise=ro.sde_noise,
                                    noise_warp=ro.noise_warp)
         self.sigmas = sigma_schedule(ro.steps, ro.shift)[:-1]
+        self.explore = MotionExploration(action=ro.action_exploration, warp=ro.warp_exploration)
         self._velocity = {"model": self.model.velocity, "old": self.old.velocity}
         if self.ref is not None:
             self._velocity["ref"] = self.ref.velocity
@@ -288,9 +290,7 @@ class Trainer:
         run = rollout_sample_level if ro.mode == "sample" else rollout_clip_level
         if self.grpo:  # validation keeps GRPO to clip-level rollouts
             run = functools.partial(rollout_clip_level, grpo=self.cfg.grpo)
-        else:
-            run = functools.partial(run, explore=MotionExploration(
-                action=ro.action_exploration, warp=ro.warp_exploration))
+        run = functools.partial(run, explore=self.explore)
         prompt_of = high_motion_prompt if decoupled(self.cfg.reward, step) else group_prompt
         groups = []
         for g in self.group_ids():
@@ -454,12 +454,32 @@ class Trainer:
         motion = None
         if self.cfg.model.motion_latent:  # the latents the candidate was generated with
             motion = group.latents[rows.to(group.latents.device)].to(self.device)
-        return GRPOItems(group=group, sample=traj.sample[steps, rows],
-                         prev_sample=traj.prev_sample[steps, rows], sigma=traj.sigma[steps],
-                         sigma_next=traj.sigma_next[steps],
-                         old_log_prob=traj.log_prob[steps, rows],
+        sample, prev_sample = traj.sample[steps, rows], traj.prev_sample[steps, rows]
+        sigma, sigma_next = traj.sigma[steps], traj.sigma_next[steps]
+        old_log_prob = traj.log_prob[steps, rows]
+        if self.explore != NO_EXPLORATION:
+            old_log_prob = self._commanded_log_prob(group, sample, prev_sample, sigma,
+                                                    sigma_next, motion)
+        return GRPOItems(group=group, sample=sample, prev_sample=prev_sample, sigma=sigma,
+                         sigma_next=sigma_next, old_log_prob=old_log_prob,
                          advantage=adv.to(self.device)[rows], candidate=rows.tolist(),
                          motion=motion)
+
+    @torch.no_grad()
+    def _commanded_log_prob(self, group: GroupRollout, sample: Tensor, prev_sample: Tensor,
+                            sigma: Tensor, sigma_next: Tensor, motion: Tensor | None) -> Tensor:
+        """The sampling model's log-probability ``[N]`` of recorded SDE steps under the
+        commanded keys: a rollout that explored sampled them under offset keys, and the update
+        moves the commanded policy, so its ratio starts at 1 as an on-policy one does."""
+        out = []
+        for part in torch.arange(len(sample), device=sample.device).split(CPU_MICRO_BATCH):
+            extra = {} if motion is None else {"motion": motion[part]}
+            v = self.old.velocity(sample[part], sigma[part], group.clip_actions,
+                                  group.caches[0], **extra)
+            out.append(sde_log_prob(v, sample[part], prev_sample[part], sigma[part],
+                                    sigma_next[part], noise_level=self.cfg.rollout.sde_noise,
+                                    sigma_max=self.sampler.sigmas[1]))
+        return torch.cat(out)
 
     def _items(self, step: int, gid: int, group: GroupRollout, r: Tensor, chosen: Tensor,
                k_sig: int) -> TrainingItems:
