@@ -85,8 +85,13 @@ def camera_path(frames: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.
         skew[0, 1], skew[0, 2], skew[1, 2] = -z, y, -x
         w2c[i, :3, :3] = torch.linalg.matrix_exp(skew - skew.T)
         w2c[i, :3, 3] = 0.3 * torch.randn(3, generator=gen, dtype=torch.float64)
-    ks = torch.tensor([[0.505, 0.0, 0.5], [0.0, 0.898, 0.5], [0.0, 0.0, 1.0]],
-                      dtype=torch.float64).repeat(frames, 1, 1)
+    # the default pixel K of hyvideo/generate.py, normalised as its pose_to_input does
+    k = torch.tensor([[969.6969696969696, 0.0, 960.0], [0.0, 969.6969696969696, 540.0],
+                      [0.0, 0.0, 1.0]], dtype=torch.float64)
+    k[0, 0] /= k[0, 2] * 2
+    k[1, 1] /= k[1, 2] * 2
+    k[0, 2] = k[1, 2] = 0.5
+    ks = k.repeat(frames, 1, 1)
     return w2c.float(), ks.float()
 
 
@@ -150,7 +155,8 @@ def main() -> None:
         cache = text_cache()
         ctx = slice(0, CONTEXT_FRAMES)
         chunk = slice(CONTEXT_FRAMES, CONTEXT_FRAMES + CHUNK)
-        history = run_vision(context, cond[:, :, ctx], torch.full((CONTEXT_FRAMES,), CONTEXT_TIMESTEP),
+        context_t = torch.full((CONTEXT_FRAMES,), CONTEXT_TIMESTEP)
+        history = run_vision(context, cond[:, :, ctx], context_t,
                          context_actions, ctx, cache, store=True, rope_size=CONTEXT_FRAMES,
                          start=0)
         no_history, with_history = [], []
