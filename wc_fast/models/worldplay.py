@@ -44,6 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from wc_fast.actions import NUM_ACTIONS, NUM_LABELS, label_to_bits
 from wc_fast.models.clips import check_actions, history_chunks
+from wc_fast.models.lora import inject_lora, lora_parameters
 from wc_fast.models.protocol import ContextCache
 from wc_fast.models.worldplay_camera import (
     action_keys,
@@ -138,11 +139,14 @@ def key_pattern_weights(keys: Tensor) -> Tensor:
 
 
 def checkpoint_files(path: str | Path) -> tuple[Path, list[Path]]:
-    """``config.json`` and the ``*.safetensors`` weights of a WorldPlay checkpoint directory;
-    ``FileNotFoundError`` naming what is missing."""
+    """``config.json`` and the ``*.safetensors`` weights of a WorldPlay transformer: in
+    ``path/transformer`` when that exists, else in ``path``; ``FileNotFoundError`` naming what
+    is missing."""
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"WorldPlay model directory {root} not found")
+    if (root / "transformer").is_dir():
+        root = root / "transformer"
     config = root / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"{config} not found: expected the official transformer config "
@@ -258,6 +262,20 @@ class WorldPlayWorldModel(nn.Module):
                              f"{missing[:5]}, unexpected {unexpected[:5]}, mismatched "
                              f"{mismatched[:5]}")
         self.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+
+    def add_lora(self, rank: int, alpha: float, targets: tuple[str, ...], *,
+                 seed: int = 0) -> None:
+        """LoRA adapters (:func:`wc_fast.models.lora.inject_lora`) on the double blocks'
+        linears named by ``targets``; then only the adapters and
+        :meth:`conditioning_parameters` require a gradient."""
+        inject_lora(self.double_blocks, rank, alpha, targets, seed=seed)
+        self.requires_grad_(False)
+        for p in (*self.lora_parameters(), *self.conditioning_parameters()):
+            p.requires_grad_(True)
+
+    def lora_parameters(self) -> list[nn.Parameter]:
+        """Both factors of every LoRA adapter (none without :meth:`add_lora`)."""
+        return lora_parameters(self)
 
     # -- what the trainer needs ----------------------------------------------------------------
 
@@ -568,3 +586,39 @@ class WorldPlayWorldModel(nn.Module):
         x, _, _ = self._trunk(x_t, vec, positions, w2c, (cache.keys, cache.values),
                               prompt_first=False)
         return self._head(x, vec)
+
+    def teacher_forced_velocity(self, frames: Tensor, actions: Tensor, x_t: Tensor,
+                                sigma: Tensor, *, context_sigma: float) -> Tensor:
+        """Velocity of every clip of sequences given their clean history.
+
+        ``frames`` ``[B, 1 + N*F, C, H, W]`` clean (prompt first), ``actions`` ``[B, N*F]``,
+        ``x_t`` ``[B, N*F, C, H, W]`` noisy clips at ``sigma`` ``[B, N]`` -> ``[B, N*F, ...]``.
+        Noisy clip ``j`` is predicted over the cache of the clean prompt and clips ``< j`` at
+        ``context_sigma``: exactly :meth:`velocity` over that history. The history attends
+        bidirectionally, so its keys differ for every ``j``: one cache and one forward per clip
+        (no single masked forward gives them).
+        """
+        self._check_frames("frames", frames)
+        self._check_frames("x_t", x_t)
+        b, total = frames.shape[:2]
+        f = self.clip_frames
+        n = (total - 1) // f
+        if (total - 1) % f or tuple(x_t.shape[:2]) != (b, total - 1):
+            raise ValueError(f"frames must be [B, 1 + N*{f}] and x_t [B, N*{f}], got "
+                             f"{tuple(frames.shape[:2])} and {tuple(x_t.shape[:2])}")
+        if not isinstance(sigma, Tensor) or tuple(sigma.shape) != (b, n):
+            raise ValueError(f"sigma must be a tensor of shape [{b}, {n}]")
+        actions = check_actions(actions, b, total - 1)
+        history_actions = torch.cat([actions.new_zeros(b, 1), actions], dim=1)
+        rows = []
+        for row in range(b):
+            clips = []
+            for j in range(n):
+                cache = self.build_cache_parallel(frames[row:row + 1, :1 + j * f],
+                                                  history_actions[row:row + 1, :1 + j * f],
+                                                  sigma=context_sigma)
+                span = slice(j * f, (j + 1) * f)
+                clips.append(self.velocity(x_t[row:row + 1, span], sigma[row, j:j + 1],
+                                           actions[row:row + 1, span], cache))
+            rows.append(torch.cat(clips, dim=1))
+        return torch.cat(rows)
