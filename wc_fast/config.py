@@ -23,7 +23,8 @@ LOGGERS = ("jsonl", "tensorboard", "wandb")  # metric sinks of wc_fast.train
 # The choices of every string field: the one definition, read by validate() and by the
 # modules that take the same values as arguments (``typing.get_args`` gives the tuple).
 Dtype = Literal["float32", "bfloat16", "float16"]
-Backbone = Literal["tiny", "wan", "worldplay"]  # the world model's network (wc_fast.models.pretrained)
+# the world model's network (wc_fast.models.pretrained)
+Backbone = Literal["tiny", "wan", "worldplay"]
 Prediction = Literal["velocity", "x0", "warp"]  # what the world model's output head predicts
 RolloutMode = Literal["clip", "sample"]
 Exploration = Literal["noise", "sde"]

@@ -42,8 +42,8 @@ from wc_fast.models.pretrained import (
     BASE_WEIGHTS,
     frame_codec,
     load_wan_world_model,
-    load_worldplay_world_model,
     load_world_model,
+    load_worldplay_world_model,
 )
 from wc_fast.preemption import EXIT_PREEMPTED, StopRequest
 from wc_fast.runtime import resolve_device
