@@ -21,9 +21,10 @@ It runs the official autoregressive path (``forward_txt`` / ``forward_vision`` o
 Conditioning per frame: ``time_in(1000 sigma) + action_in(action id)`` (the id embedded like a
 timestep, as the official model does), the image condition channels (the prompt frame's own
 latent with mask 1 on history frame 0, zeros elsewhere), and the camera of
-:mod:`wc_fast.models.worldplay_camera` through PRoPE. Cameras are expressed in the frame of
-the last history frame: PRoPE depends only on relative cameras, so this matches the official
-frame-0 world up to rounding, and a clip's path starts at the identity.
+:mod:`wc_fast.models.worldplay_camera` through PRoPE. A cache is expressed in the camera
+frame of its last history frame (its text's PRoPE keys transformed to match, see
+:meth:`WorldPlayWorldModel._cache_from`), so a clip's camera path starts at the identity and
+the cache alone carries the history's pose: the official outputs, world = prompt frame.
 
 ``action_offset`` ``[B, 8]`` softens the 8 movement keys per candidate: the action embedding is
 the mix of the 81 ids' embeddings weighted by the probability of each id's key pattern when
@@ -61,6 +62,7 @@ from wc_fast.models.worldplay_modules import (
     TimestepEmbedder,
     TokenRefiner,
     VisionProjection,
+    apply_projective,
     prope_matrices,
     rope_tables,
 )
@@ -433,10 +435,11 @@ class WorldPlayWorldModel(nn.Module):
         return torch.cat([frames, cond], dim=2).transpose(1, 2)
 
     def _cameras(self, w2c: Tensor) -> tuple[Tensor, Tensor]:
-        """PRoPE's ``(P, P^-1)`` ``[B, F, 4, 4]`` (fp32) of view matrices ``w2c`` with this
+        """PRoPE's ``(P, P^-1)`` ``[B, F, 4, 4]`` (accumulation dtype) of view matrices ``w2c`` with this
         model's intrinsics."""
         ks = self.intrinsics.expand(*w2c.shape[:2], 3, 3)
-        return prope_matrices(w2c.float(), ks.float())
+        dtype = self._compute_dtype
+        return prope_matrices(w2c.to(dtype), ks.to(dtype))
 
     def _trunk(self, frames: Tensor, vec: Tensor, positions: Tensor, w2c: Tensor,
                prefix: tuple[list[Tensor], list[Tensor]], prompt_first: bool
@@ -489,35 +492,49 @@ class WorldPlayWorldModel(nn.Module):
                               signature=self.signature)
 
     @staticmethod
-    def _both_branches(t: Tensor) -> Tensor:
-        """Text keys/values ``[1, H, L, Dh]`` -> ``[1, 2H, L, Dh]``: the text is seen alike by
-        the RoPE and the PRoPE heads."""
-        return torch.cat([t, t], dim=1)
+    def _both_branches(t: Tensor, world: Tensor | None = None) -> Tensor:
+        """Text keys/values ``[1, H, L, Dh]`` -> ``[1, 2H, L, Dh]`` for the RoPE heads and the
+        PRoPE heads; the latter multiplied by ``world`` ``[1, 4, 4]`` when the cameras are
+        expressed in another frame than the official one (see :meth:`_cache_from`)."""
+        prope = t if world is None else apply_projective(t, world[:, None].to(t.device))
+        return torch.cat([t, prope], dim=1)
 
     def build_cache_parallel(self, frames: Tensor, actions: Tensor, *, sigma: float
                              ) -> WorldPlayCache:
         """The cache of history ``frames`` ``[1, P, C, H, W]`` (prompt first) with ``actions``
         ``[1, P]``, seen at noise ``sigma``: text, then the history attending bidirectionally
-        to the text and itself, cameras rebased on the last history frame."""
+        to the text and itself; its PRoPE half is expressed in the last history frame's
+        camera (see :meth:`_cache_from`)."""
         self._check_frames("frames", frames)
         if frames.shape[0] != 1:
             raise ValueError(f"history frames are shared: batch must be 1, got {frames.shape[0]}")
         actions = check_actions(actions, 1, frames.shape[1]).clone()
         history_chunks(0, frames.shape[1], self.clip_frames)
         actions[:, 0] = 0  # the prompt frame: no motion before it (official label 0)
-        c2w = history_cameras(actions)
-        w2c = view_matrices(rebase(c2w, c2w[:, -1]))
+        c2w = history_cameras(actions).to(frames.device)
         p = frames.shape[1]
         sigma_frames = torch.full((1, p), float(sigma), device=frames.device,
                                   dtype=self._compute_dtype)
-        return self._cache_from(frames, actions, sigma_frames, w2c)
+        return self._cache_from(frames, actions, sigma_frames,
+                                view_matrices(rebase(c2w, c2w[:, -1])),
+                                world=view_matrices(c2w[:, -1]))
 
-    def _cache_from(self, frames: Tensor, actions: Tensor, sigma: Tensor, w2c: Tensor
-                    ) -> WorldPlayCache:
-        """The cache of history ``frames`` with explicit cameras ``w2c`` ``[1, P, 4, 4]``."""
+    def _cache_from(self, frames: Tensor, actions: Tensor, sigma: Tensor, w2c: Tensor,
+                    world: Tensor | None = None) -> WorldPlayCache:
+        """The cache of history ``frames`` with explicit cameras ``w2c`` ``[1, P, 4, 4]``.
+
+        The official cameras are in the prompt frame's world, and the PRoPE branch's text keys
+        and values are not camera-transformed, so that world is not arbitrary: a query of
+        camera ``P_q`` scores a text key ``k`` as ``q . P_q k``. With ``w2c`` re-expressed in
+        another camera's frame (``w2c = w2c_official @ inv(world)``, ``world`` ``[1, 4, 4]``
+        the official view matrix of that camera) every ``P`` becomes ``P' @ world``, so
+        transforming the text's PRoPE keys and values by ``world`` gives the official scores
+        and outputs exactly; history keys are in the new frame by construction. Clips then
+        start their camera path at the identity (the last history frame).
+        """
         text_k, text_v = self._text_cache()
-        prefix = ([self._both_branches(k) for k in text_k],
-                  [self._both_branches(v) for v in text_v])
+        prefix = ([self._both_branches(k, world) for k in text_k],
+                  [self._both_branches(v, world) for v in text_v])
         vec = self._conditioning(sigma, actions, None)
         positions = torch.arange(frames.shape[1], device=frames.device)
         _, keys, values = self._trunk(frames, vec, positions, w2c, prefix, prompt_first=True)

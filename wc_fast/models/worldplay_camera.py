@@ -12,8 +12,9 @@ intrinsics, as HY-WorldPlay's pipeline builds them (``hyvideo/generate.py``: ``p
   3 degrees per latent frame); keys are intensities in [0, 1] here, so a soft key moves by its
   share. Frame ``t``'s action is the step from frame ``t - 1`` to ``t``.
 * **View matrices** are world-to-camera ``inv(c2w)``; the world is the camera of the path's
-  start (the pipeline's frame 0). PRoPE depends only on the cameras relative to each other, so
-  any start gives the same attention (up to rounding).
+  start (the pipeline's frame 0, our prompt frame). The world matters: PRoPE's text keys are
+  not camera-transformed (``WorldPlayWorldModel._cache_from`` re-expresses a cache in its last
+  frame's camera exactly).
 * **Intrinsics** are the pipeline's default ``K`` (fx = fy = 969.70 px on a 1920 x 1080 frame)
   normalised as ``pose_to_input`` does: ``fx / (2 cx)``, ``fy / (2 cy)``, principal point 0.5.
   PRoPE keeps only the focal lengths.

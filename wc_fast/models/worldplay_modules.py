@@ -234,11 +234,12 @@ def prope_matrices(w2c: Tensor, ks: Tensor) -> tuple[Tensor, Tensor]:
 
 def apply_projective(x: Tensor, matrix: Tensor) -> Tensor:
     """``x`` ``[B, H, F*T, Dh]``: every 4-channel group of a token of frame ``f`` multiplied by
-    ``matrix[:, f]`` ``[B, F, 4, 4]`` (``y = M x``), in fp32; returns ``x``'s dtype."""
+    ``matrix[:, f]`` ``[B, F, 4, 4]`` (``y = M x``), in fp32 at least; returns ``x``'s dtype."""
     b, heads, n, dh = x.shape
     f = matrix.shape[1]
-    groups = x.float().reshape(b, heads, f, n // f, dh // 4, 4)
-    out = torch.einsum("bfij,bhftkj->bhftki", matrix.float(), groups)
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    groups = x.to(dtype).reshape(b, heads, f, n // f, dh // 4, 4)
+    out = torch.einsum("bfij,bhftkj->bhftki", matrix.to(dtype), groups)
     return out.reshape(b, heads, n, dh).to(x.dtype)
 
 
@@ -273,8 +274,10 @@ class DoubleBlock(nn.Module):
         """Normalised tokens ``[B, N, D]`` -> q, k (RMS-normed), v ``[B, H, N, Dh]``."""
         q, k, v = (getattr(self, f"{stream}_attn_{n}")(x).unflatten(-1, (self.heads, -1))
                    .transpose(1, 2) for n in ("q", "k", "v"))
-        q = getattr(self, f"{stream}_attn_q_norm")(q.float()).to(v.dtype)
-        k = getattr(self, f"{stream}_attn_k_norm")(k.float()).to(v.dtype)
+        # the RMS norms in their weights' dtype (fp32 weights under bf16 autocast)
+        q_norm, k_norm = (getattr(self, f"{stream}_attn_{n}_norm") for n in ("q", "k"))
+        q = q_norm(q.to(q_norm.weight.dtype)).to(v.dtype)
+        k = k_norm(k.to(k_norm.weight.dtype)).to(v.dtype)
         return q, k, v
 
     def _text(self, txt: Tensor, vec: Tensor) -> tuple[Tensor, Tensor, Tensor]:
