@@ -435,8 +435,8 @@ class WorldPlayWorldModel(nn.Module):
         return torch.cat([frames, cond], dim=2).transpose(1, 2)
 
     def _cameras(self, w2c: Tensor) -> tuple[Tensor, Tensor]:
-        """PRoPE's ``(P, P^-1)`` ``[B, F, 4, 4]`` (accumulation dtype) of view matrices ``w2c`` with this
-        model's intrinsics."""
+        """PRoPE's ``(P, P^-1)`` ``[B, F, 4, 4]`` (accumulation dtype) of view matrices ``w2c``
+        with this model's intrinsics."""
         ks = self.intrinsics.expand(*w2c.shape[:2], 3, 3)
         dtype = self._compute_dtype
         return prope_matrices(w2c.to(dtype), ks.to(dtype))
