@@ -100,6 +100,7 @@ def test_chunked_cache_equals_parallel_cache():
                                      sigma=0.014)
         chunked = model.extend_cache(chunked, frames[:, 1:], actions[:, 1:], sigma=0.014)
         parallel = model.build_cache_parallel(frames, actions, sigma=0.014)
+    assert model.empty_cache().num_tokens == 0
     assert chunked.num_frames == parallel.num_frames == 9
     assert chunked.num_tokens == model.text_tokens + 9 * 16
     for a, b in zip(chunked.keys + chunked.values, parallel.keys + parallel.values, strict=True):

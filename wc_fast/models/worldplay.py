@@ -485,11 +485,15 @@ class WorldPlayWorldModel(nn.Module):
     # -- history -------------------------------------------------------------------------------
 
     def empty_cache(self) -> WorldPlayCache:
-        """The cache of the text alone (no history frames)."""
+        """A cache with no history. It holds no keys either: the text's are computed where the
+        weights are gathered (a forward method under FSDP2), by :meth:`_text_prefix`."""
+        return WorldPlayCache(signature=self.signature)
+
+    def _text_prefix(self, world: Tensor | None = None) -> tuple[list[Tensor], list[Tensor]]:
+        """Every block's text keys and values for both branches ``[1, 2H, L, Dh]``."""
         keys, values = self._text_cache()
-        return WorldPlayCache(keys=[self._both_branches(k) for k in keys],
-                              values=[self._both_branches(v) for v in values],
-                              signature=self.signature)
+        return ([self._both_branches(k, world) for k in keys],
+                [self._both_branches(v, world) for v in values])
 
     @staticmethod
     def _both_branches(t: Tensor, world: Tensor | None = None) -> Tensor:
@@ -532,9 +536,7 @@ class WorldPlayWorldModel(nn.Module):
         and outputs exactly; history keys are in the new frame by construction. Clips then
         start their camera path at the identity (the last history frame).
         """
-        text_k, text_v = self._text_cache()
-        prefix = ([self._both_branches(k, world) for k in text_k],
-                  [self._both_branches(v, world) for v in text_v])
+        prefix = self._text_prefix(world)
         vec = self._conditioning(sigma, actions, None)
         positions = torch.arange(frames.shape[1], device=frames.device)
         _, keys, values = self._trunk(frames, vec, positions, w2c, prefix, prompt_first=True)
@@ -600,8 +602,8 @@ class WorldPlayWorldModel(nn.Module):
         f = x_t.shape[1]
         positions = torch.arange(cache.num_frames, cache.num_frames + f, device=x_t.device)
         vec = self._conditioning(sigma, actions, keys)
-        x, _, _ = self._trunk(x_t, vec, positions, w2c, (cache.keys, cache.values),
-                              prompt_first=False)
+        prefix = (cache.keys, cache.values) if cache.keys else self._text_prefix()
+        x, _, _ = self._trunk(x_t, vec, positions, w2c, prefix, prompt_first=False)
         return self._head(x, vec)
 
     def teacher_forced_velocity(self, frames: Tensor, actions: Tensor, x_t: Tensor,
