@@ -226,3 +226,26 @@ def test_lora_starts_unchanged_and_trains_only_adapters_and_conditioning():
     trained = {id(p) for p in model.parameters() if p.requires_grad}
     expected = {id(p) for p in (*model.lora_parameters(), *model.conditioning_parameters())}
     assert trained == expected and len(model.lora_parameters()) == 2 * 2 * 2
+
+
+def test_flop_estimates_grow_with_the_history_and_the_batch():
+    model = f64_model()
+    assert model.history_flops(9) > model.history_flops(5) > 0
+    assert model.velocity_flops(4, 200) > model.velocity_flops(4, 100) > 0
+    assert model.velocity_flops(8, 100) > 1.9 * model.velocity_flops(4, 100)
+
+
+def test_bf16_autocast_stays_close_to_fp32():
+    model = fixture_model()[0]
+    frames, actions = history(5)
+    frames = frames.float()
+    x = torch.randn(2, 4, 4, 4, 4)
+    sigma = torch.tensor([0.4, 0.9])
+    with torch.no_grad():
+        full = model.velocity(x, sigma, actions[0, 1:],
+                              model.build_cache_parallel(frames, actions, sigma=0.014))
+        model.autocast_dtype = torch.bfloat16
+        cache = model.build_cache_parallel(frames, actions, sigma=0.014)
+        half = model.velocity(x, sigma, actions[0, 1:], cache)
+    assert cache.keys[0].dtype == torch.bfloat16 and half.dtype == torch.float32
+    assert float((half - full).norm() / full.norm()) < 0.02

@@ -315,12 +315,14 @@ class WorldPlayWorldModel(nn.Module):
                                                                               + tokens), True)
 
     def history_flops(self, frames: int) -> float:
-        """Forward FLOPs of building the cache of a ``frames``-frame history (text stream
-        included)."""
+        """Forward FLOPs of building the cache of a ``frames``-frame history: the text stream
+        (per block q/k/v/out and MLP per token, one modulation, text self-attention; the token
+        refiner left out), then the image stream over the text and the history."""
         tokens, text = frames * self.tokens_per_frame, self.text_tokens
         d, layers = self.config.hidden_size, self.config.mm_double_blocks_depth
         ratio = self.config.mlp_width_ratio
-        text_flops = layers * (2 * text * d * d * (4 + 2 * ratio + 6 / text) + 4 * text * text * d)
+        text_flops = layers * (2 * text * d * d * (4 + 2 * ratio) + 2 * 6 * d * d
+                               + 4 * text * text * d)
         return float(text_flops) + self._vision_flops(frames, tokens * (text + tokens), False)
 
     def _vision_flops(self, frames: int, attended_pairs: int, head: bool) -> float:
