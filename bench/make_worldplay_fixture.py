@@ -22,6 +22,9 @@ values of every double block); then for each of two candidate chunks of 4 latent
   (the stabilization level minus one; frame 0 carries the image condition), then the chunk at
   RoPE frames 5..8 over text + context.
 
+``--check-glyph`` instead compares the text stream with ByT5 glyph tokens and the
+condition-type embedding on (``check_glyph_text``) and prints the largest difference.
+
 Weights are the official state dict keys (after ``add_action_parameters``), every tensor drawn at
 random (the official init zeroes the action and PRoPE projections, which would test nothing).
 Inputs and outputs are stored beside them under the prefix ``fixture.``.
@@ -95,10 +98,49 @@ def camera_path(frames: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.
     return w2c.float(), ks.float()
 
 
+def check_glyph_text(official, gen: torch.Generator) -> float:
+    """Max |difference| between the official text stream's cached keys and values and
+    :class:`WorldPlayWorldModel`'s with the ByT5 glyph tokens and the condition-type embedding
+    on (left out of the stored fixture: the ByT5 mapper's fixed 1472 -> 2048 -> 2048 layers
+    would exceed its size), on padded text and glyph inputs."""
+    from wc_fast.models.worldplay import WorldPlayConfig, WorldPlayWorldModel
+
+    config = {**CONFIG, "glyph_byT5_v2": True, "use_cond_type_embedding": True}
+    model = official.HunyuanVideo_1_5_DiffusionTransformer(**config)
+    model.add_action_parameters()
+    randomize(model, gen)
+    text = torch.randn(1, 7, config["text_states_dim"], generator=gen)
+    glyphs = torch.randn(1, 6, 1472, generator=gen)
+    vision = torch.randn(1, VISION_TOKENS, config["vision_states_dim"], generator=gen)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0]])
+    glyph_mask = torch.tensor([[1, 1, 1, 1, 0, 0]])
+    layers = config["mm_double_blocks_depth"]
+    with torch.no_grad():
+        cache = model(bi_inference=False, ar_txt_inference=True, ar_vision_inference=False,
+                      timestep_txt=torch.tensor([0.0]), text_states=text,
+                      encoder_attention_mask=mask, vision_states=vision, mask_type="i2v",
+                      extra_kwargs={"byt5_text_states": glyphs, "byt5_text_mask": glyph_mask},
+                      kv_cache=[{"k_vision": None, "v_vision": None, "k_txt": None,
+                                 "v_txt": None} for _ in range(layers)], cache_txt=True)
+        ours = WorldPlayWorldModel(
+            WorldPlayConfig(**{k: tuple(v) if isinstance(v, list) else v
+                               for k, v in config.items()
+                               if k in WorldPlayConfig.__dataclass_fields__}),
+            clip_frames=CHUNK, latent_size=LATENT, text_states=text[:, :5],
+            vision_states=vision, byt5_states=glyphs[:, :4])
+        ours.load_official(model.state_dict())
+        keys, values = ours._text_cache()
+    return max(float((cache[i][name] - mine[i]).abs().max())
+               for i in range(layers) for name, mine in (("k_txt", keys), ("v_txt", values)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("official_repo", type=Path)
     parser.add_argument("--out", type=Path, default=Path("tests/fixtures/worldplay_tiny"))
+    parser.add_argument("--check-glyph", action="store_true",
+                        help="only compare the text stream with ByT5 glyph tokens and the "
+                             "condition-type embedding (needs wc_fast importable); no fixture")
     args = parser.parse_args()
     sys.path.insert(0, str(args.official_repo.resolve()))
     import hyvideo.models.transformers.modules.attention as official_attention
@@ -111,6 +153,10 @@ def main() -> None:
     # the inference state of run.sh's defaults: no SageAttention, no torch.compile
     state = InferState(enable_sageattn=False, enable_torch_compile=False)
     official_attention.get_infer_state = lambda: state
+    if args.check_glyph:
+        diff = check_glyph_text(official, torch.Generator().manual_seed(99))
+        print(f"text stream with glyphs: max |official - ours| = {diff:.3g}")
+        return
 
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1234)
