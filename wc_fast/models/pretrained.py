@@ -14,9 +14,10 @@ from torch.optim.swa_utils import AveragedModel
 
 from wc_fast import checkpoint
 from wc_fast.config import ModelConfig, from_dict
+from wc_fast.models.lora import import_peft
 from wc_fast.models.protocol import FrameCodec, PixelFrames
 from wc_fast.models.tiny_dit import DTYPES, TinyWorldDiT
-from wc_fast.models.wan import WanWorldModel, import_peft
+from wc_fast.models.wan import WanWorldModel
 from wc_fast.models.wan_vae import WanLatentCodec, spatial_factor
 from wc_fast.models.worldplay import WorldPlayWorldModel
 from wc_fast.models.worldplay_vae import HunyuanLatentCodec
