@@ -25,6 +25,9 @@ values of every double block); then for each of two candidate chunks of 4 latent
 ``--check-glyph`` instead compares the text stream with ByT5 glyph tokens and the
 condition-type embedding on (``check_glyph_text``) and prints the largest difference.
 
+It also runs the official ``pose_to_input`` on a pose string that presses every key
+(``POSE_STRING``) and stores its view matrices, intrinsics and action labels.
+
 Weights are the official state dict keys (after ``add_action_parameters``), every tensor drawn at
 random (the official init zeroes the action and PRoPE projections, which would test nothing).
 Inputs and outputs are stored beside them under the prefix ``fixture.``.
@@ -33,13 +36,16 @@ Inputs and outputs are stored beside them under the prefix ``fixture.``.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 import types
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import save_file
+from scipy.spatial.transform import Rotation
 
 COMMIT = "da2d0c26eb0edb647f56e164ffd966490eb75282"
 
@@ -61,6 +67,10 @@ CONTEXT_FRAMES = 5
 CHUNK = 4
 CONTEXT_TIMESTEP = 14
 TEXT_TOKENS, VISION_TOKENS = 5, 3
+# every key of the official pose-string syntax (durations in latent frames)
+POSE_STRING = "w-2, right-2, d-1, up-2, s-1, left-3, a-2, down-1"
+POSE_FUNCTIONS = ("one_hot_to_one_dimension", "parse_pose_string", "pose_string_to_json",
+                  "pose_to_input")
 
 
 def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
@@ -96,6 +106,28 @@ def camera_path(frames: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.
     k[0, 2] = k[1, 2] = 0.5
     ks = k.repeat(frames, 1, 1)
     return w2c.float(), ks.float()
+
+
+def official_pose_inputs(repo: Path, pose_string: str
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The view matrices, intrinsics and action labels ``hyvideo/generate.py``'s
+    ``pose_to_input`` makes of ``pose_string``. Its functions and ``mapping`` are executed from
+    the file's source alone: importing the module would load the pipeline and select a CUDA
+    device."""
+    from hyvideo.generate_custom_trajectory import generate_camera_trajectory_local
+
+    source = (repo / "hyvideo" / "generate.py").read_text()
+    tree = ast.parse(source)
+    keep = [node for node in tree.body
+            if (isinstance(node, ast.FunctionDef) and node.name in POSE_FUNCTIONS)
+            or (isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "mapping"
+                                                     for t in node.targets))]
+    namespace = {"np": np, "torch": torch, "R": Rotation, "json": json,
+                 "generate_camera_trajectory_local": generate_camera_trajectory_local}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), "generate.py", "exec"), namespace)
+    latents = sum(int(cmd.split("-")[1]) for cmd in pose_string.split(",")) + 1
+    w2c, ks, labels = namespace["pose_to_input"](pose_string, latents)
+    return w2c.double(), ks.double(), labels.long()
 
 
 def check_glyph_text(official, gen: torch.Generator) -> float:
@@ -215,6 +247,7 @@ def main() -> None:
                                        chunk, history, store=False,
                                        rope_size=CONTEXT_FRAMES + CHUNK, start=CONTEXT_FRAMES)[0])
 
+    pose_w2c, pose_ks, pose_actions = official_pose_inputs(args.official_repo, POSE_STRING)
     tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
     # our layout: [B, F, C, H, W]
     fixture = {
@@ -224,6 +257,7 @@ def main() -> None:
         "chunk_actions": chunk_actions, "w2c": w2c, "intrinsics": ks,
         "velocity_no_history": torch.cat(no_history).transpose(1, 2),
         "velocity_with_history": torch.cat(with_history).transpose(1, 2),
+        "pose_w2c": pose_w2c, "pose_intrinsics": pose_ks, "pose_actions": pose_actions,
     }
     tensors.update({f"fixture.{k}": v.contiguous() for k, v in fixture.items()})
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -231,7 +265,8 @@ def main() -> None:
     card = {"source": "https://github.com/Tencent-Hunyuan/HY-WorldPlay", "commit": COMMIT,
             "generator": "bench/make_worldplay_fixture.py", "config": CONFIG,
             "latent_size": list(LATENT), "context_frames": CONTEXT_FRAMES, "chunk": CHUNK,
-            "context_timestep": CONTEXT_TIMESTEP, "timesteps": timesteps.tolist()}
+            "context_timestep": CONTEXT_TIMESTEP, "timesteps": timesteps.tolist(),
+            "pose_string": POSE_STRING}
     args.out.with_suffix(".json").write_text(json.dumps(card, indent=2) + "\n")
     print(f"wrote {args.out.with_suffix('.safetensors')} "
           f"({args.out.with_suffix('.safetensors').stat().st_size / 1e6:.2f} MB)")

@@ -4,10 +4,13 @@ of the labelling in HY-WorldPlay's hyvideo/generate.py (pose_to_input)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 from scipy.spatial.transform import Rotation
 
 from wc_fast.models.worldplay_camera import (
@@ -98,3 +101,21 @@ def test_intrinsics_normalise_the_default_k_as_pose_to_input_does():
     torch.testing.assert_close(k[0], torch.tensor([[969.6969696969696 / 1920, 0, 0.5],
                                                    [0, 969.6969696969696 / 1080, 0.5],
                                                    [0, 0, 1.0]], dtype=torch.float64))
+
+
+def test_matches_the_official_pose_to_input_on_every_key():
+    """The golden fixture holds what HY-WorldPlay's own pose_to_input makes of a pose string
+    that presses every key (bench/make_worldplay_fixture.py)."""
+    fixture = Path(__file__).parent / "fixtures" / "worldplay_tiny"
+    card = json.loads(fixture.with_suffix(".json").read_text())
+    tensors = load_file(fixture.with_suffix(".safetensors"))
+    labels = tensors["fixture.pose_actions"]
+    # w, yaw right, d, pitch up, s, yaw left, a, pitch down: our ids, one per latent frame
+    ours = {"w": 9, "right": 1, "d": 27, "up": 3, "s": 18, "left": 2, "a": 36, "down": 4}
+    expected = [0] + [ours[key] for cmd in card["pose_string"].split(",")
+                      for key, n in [cmd.strip().split("-")] for _ in range(int(n))]
+    assert labels.tolist() == expected
+    torch.testing.assert_close(view_matrices(history_cameras(labels[None]))[0],
+                               tensors["fixture.pose_w2c"], rtol=0, atol=1e-12)
+    torch.testing.assert_close(intrinsics(len(labels)), tensors["fixture.pose_intrinsics"],
+                               rtol=0, atol=1e-12)
