@@ -47,8 +47,15 @@ def wan() -> WorldModel:
     return _randomise(model, 1)
 
 
+def worldplay() -> WorldModel:
+    from test_worldplay_model import fixture_model
+
+    return fixture_model()[0]
+
+
 BACKBONES = {"tiny_velocity": tiny(), "tiny_warp": tiny("warp", pose_branch=True),
-             "tiny_motion_latent": tiny("x0", motion_latent=True), "wan_latent": wan}
+             "tiny_motion_latent": tiny("x0", motion_latent=True), "wan_latent": wan,
+             "worldplay": worldplay}
 
 
 @pytest.fixture(params=list(BACKBONES))
@@ -59,6 +66,11 @@ def model(request) -> WorldModel:
 def _frames(model: WorldModel, b: int, f: int, seed: int) -> torch.Tensor:
     _, c, h, w = model.clip_shape
     return torch.randn(b, f, c, h, w, generator=torch.Generator().manual_seed(seed)).clamp(-1, 1)
+
+
+def _actions(model: WorldModel, first: int, rest: int) -> torch.Tensor:
+    """One command ``[F]`` shared by all rows: ``first`` then ``rest``."""
+    return torch.tensor([first] + [rest] * (model.clip_frames - 1))
 
 
 def _motion(model: WorldModel, b: int) -> dict:
@@ -107,7 +119,8 @@ def test_candidates_over_one_shared_cache_equal_separate_forwards(model):
     cache = model.build_cache_parallel(frames, actions, sigma=model.context_sigma)
     x_t = _frames(model, 3, model.clip_frames, seed=5)
     sigma = torch.tensor([0.9, 0.5, 0.2])
-    clip_actions = torch.tensor([[3, 3], [40, 40], [45, 12]])[:, :model.clip_frames]
+    clip_actions = torch.tensor([3, 40, 45])[:, None].expand(-1, model.clip_frames).clone()
+    clip_actions[2, -1] = 12
     extra = _motion(model, 3)
     v = model.velocity(x_t, sigma, clip_actions, cache, **extra)
     assert v.shape == (3, *model.clip_shape) and torch.isfinite(v).all()
@@ -141,21 +154,21 @@ def test_action_offset_moves_the_conditioning_and_zero_is_no_offset(model):
     x_t = _frames(model, 2, model.clip_frames, seed=7)
     sigma = torch.tensor([0.6, 0.6])
     extra = _motion(model, 2)
-    plain = model.velocity(x_t, sigma, torch.tensor([1, 5])[:model.clip_frames], cache, **extra)
-    zero = model.velocity(x_t, sigma, torch.tensor([1, 5])[:model.clip_frames], cache,
+    plain = model.velocity(x_t, sigma, _actions(model, 1, 5), cache, **extra)
+    zero = model.velocity(x_t, sigma, _actions(model, 1, 5), cache,
                           action_offset=torch.zeros(2, 8), **extra)
     torch.testing.assert_close(plain, zero)
     offset = torch.zeros(2, 8)
-    offset[1, 4] = 0.5  # the second row also half-presses "yaw right"
-    moved = model.velocity(x_t, sigma, torch.tensor([1, 5])[:model.clip_frames], cache,
+    offset[1, 0] = 0.5  # the second row also half-presses "forward"
+    moved = model.velocity(x_t, sigma, _actions(model, 1, 5), cache,
                            action_offset=offset, **extra)
     torch.testing.assert_close(moved[0], plain[0])
     assert (moved[1] - plain[1]).abs().max() > 1e-4
     with pytest.raises(ValueError, match=r"action_offset must have shape \[2, 8\]"):
-        model.velocity(x_t, sigma, torch.tensor([1, 5])[:model.clip_frames], cache,
+        model.velocity(x_t, sigma, _actions(model, 1, 5), cache,
                        action_offset=torch.zeros(2, 6), **extra)
     with pytest.raises(TypeError, match="action_offset must be a floating-point tensor"):
-        model.velocity(x_t, sigma, torch.tensor([1, 5])[:model.clip_frames], cache,
+        model.velocity(x_t, sigma, _actions(model, 1, 5), cache,
                        action_offset=torch.zeros(2, 8, dtype=torch.long), **extra)
 
 
@@ -190,7 +203,7 @@ def test_fresh_copy_has_the_architecture_and_takes_the_weights(model):
     x_t = _frames(model, 2, model.clip_frames, seed=8)
     sigma = torch.tensor([0.5, 0.4])
     extra = _motion(model, 2)
-    outs = [m.velocity(x_t, sigma, torch.tensor([2, 2])[:model.clip_frames],
+    outs = [m.velocity(x_t, sigma, _actions(model, 2, 2),
                        m.build_cache_parallel(frames, actions, sigma=m.context_sigma), **extra)
             for m in (model, copy)]
     torch.testing.assert_close(outs[0], outs[1])

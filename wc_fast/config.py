@@ -20,13 +20,15 @@ from typing import Literal
 
 from wc_kernels.nft_loss import SPACES
 
-PRESETS = ("paper", "official", "cpu", "gpu", "smoke", "wan", "wan_smoke")
+PRESETS = ("paper", "official", "cpu", "gpu", "smoke", "wan", "wan_smoke", "worldplay",
+           "worldplay_lora", "worldplay_smoke")
 LOGGERS = ("jsonl", "tensorboard", "wandb")  # metric sinks of wc_fast.train
 
 # The choices of every string field: the one definition, read by validate() and by the
 # modules that take the same values as arguments (``typing.get_args`` gives the tuple).
 Dtype = Literal["float32", "bfloat16", "float16"]
-Backbone = Literal["tiny", "wan"]  # the world model's network (wc_fast.models.pretrained)
+# the world model's network (wc_fast.models.pretrained)
+Backbone = Literal["tiny", "wan", "worldplay"]
 Prediction = Literal["velocity", "x0", "warp"]  # what the world model's output head predicts
 RolloutMode = Literal["clip", "sample"]
 Exploration = Literal["noise", "sde"]
@@ -89,7 +91,11 @@ class ModelConfig:
     and the rewards' pixel frames), ``clip_frames`` (one latent frame per frame,
     :mod:`wc_fast.models.wan_vae`) and ``context_sigma`` from here; its sizes come from
     ``path``, so ``patch``, ``dim``, ``depth``, ``heads``, ``reference_frame`` and
-    ``prediction`` do not apply.
+    ``prediction`` do not apply. ``worldplay`` is a
+    :class:`~wc_fast.models.worldplay.WorldPlayWorldModel` (HY-WorldPlay's transformer) read
+    the same way from ``path``: ``transformer/`` in the official layout (its ``config.json``
+    and the action model's safetensors) and ``vae/`` (diffusers' HunyuanVideo-1.5 VAE);
+    ``prompt_embeds`` may add ``vision_states`` and ``byt5_states`` tensors to its text.
 
     ``prompt_embeds``: a Wan backbone's text conditioning, a ``.safetensors`` file holding
     one tensor ``prompt_embeds`` ``[1, L, text_dim]`` (the text encoder's output for the
@@ -554,10 +560,59 @@ def _wan_smoke() -> Config:
     return cfg
 
 
+# LoRA on WorldPlay's image stream: attention projections and MLP of every double block (the
+# text stream only computes the fixed prompt's keys)
+WORLDPLAY_LORA_TARGETS = ("img_attn_q", "img_attn_k", "img_attn_v", "img_attn_proj",
+                          "img_mlp.fc1", "img_mlp.fc2")
+
+
+def _worldplay() -> Config:
+    # WorldCompass's own setting: WorldPlay-8B on 8 GPUs sharded with FSDP2, bf16 matmuls over
+    # fp32 weights, every block rerun in the backward; chunks of 4 latent frames, 12
+    # candidates, 40 sampler steps, the history at timestep 14 (context_sigma 0.014); 480 x
+    # 480 frames (30 x 30 latents). model.path (the local model directory) is the user's
+    cfg = _wan()
+    cfg.preset = "worldplay"
+    cfg.model.backbone = "worldplay"
+    cfg.model.lora_targets = WORLDPLAY_LORA_TARGETS
+    cfg.train.distributed = "fsdp2"
+    return cfg
+
+
+def _worldplay_lora() -> Config:
+    # the same on one 80 GB GPU: LoRA adapters of rank 64 on the image stream, the
+    # conditioning trained whole, the backbone frozen (docs/design.md, memory per GPU)
+    cfg = _worldplay()
+    cfg.preset = "worldplay_lora"
+    cfg.model.lora_rank = 64
+    cfg.train.distributed = "ddp"
+    return cfg
+
+
+def _worldplay_smoke() -> Config:
+    # the worldplay path through the whole trainer in a minute on CPU, on the tiny random
+    # model of `python -m wc_fast.models.worldplay_tiny DIR`: 32 x 32 frames (8 x 8 latents),
+    # groups of 4, 4 sampler steps, 2 clips, 2 iterations, fp32, one process
+    cfg = _worldplay()
+    cfg.preset = "worldplay_smoke"
+    cfg.model.resolution = 32
+    cfg.model.dtype = "float32"
+    cfg.train.distributed = "ddp"
+    cfg.rollout.group_size = 4
+    cfg.rollout.num_clips = 2
+    cfg.rollout.steps = 4
+    cfg.nft.keep = 2
+    cfg.nft.micro_batch = 4
+    cfg.train.steps = 2
+    cfg.train.ckpt_every = 1
+    return cfg
+
+
 _BUILDERS = {"paper": _paper, "official": _official, "cpu": _cpu, "gpu": _gpu,
-             "smoke": _smoke, "wan": _wan, "wan_smoke": _wan_smoke}
+             "smoke": _smoke, "wan": _wan, "wan_smoke": _wan_smoke, "worldplay": _worldplay,
+             "worldplay_lora": _worldplay_lora, "worldplay_smoke": _worldplay_smoke}
 # presets whose model.path the user gives: they validate once it is set
-NEEDS_MODEL_PATH = ("wan", "wan_smoke")
+NEEDS_MODEL_PATH = ("wan", "wan_smoke", "worldplay", "worldplay_lora", "worldplay_smoke")
 
 
 def machine_preset(cuda: bool) -> str:
@@ -750,15 +805,15 @@ def _validate_backbone(cfg: Config) -> None:
         _require(not m.prompt_embeds, "model.prompt_embeds", "empty with model.backbone 'tiny' "
                  "(it is a Wan backbone's text conditioning)", m.prompt_embeds)
         return
-    _require(bool(m.path), "model.path", "a local diffusers Wan directory (transformer/ and "
-             "vae/) with model.backbone 'wan'", m.path)
-    _require(tr.init == "base", "train.init (with model.backbone wan)", "'base' (the backbone "
-             "in model.path, with zero-initialised action layers)", tr.init)
-    _require(not m.motion_latent, "model.motion_latent (with model.backbone wan)", "false",
+    _require(bool(m.path), "model.path", f"a local model directory (transformer/ and vae/) "
+             f"with model.backbone {m.backbone!r}", m.path)
+    with_backbone = f"(with model.backbone {m.backbone})"
+    _require(tr.init == "base", f"train.init {with_backbone}", "'base' (the backbone in "
+             "model.path)", tr.init)
+    _require(not m.motion_latent, f"model.motion_latent {with_backbone}", "false",
              m.motion_latent)
-    _require(not m.pose_branch, "model.pose_branch (with model.backbone wan)", "false",
-             m.pose_branch)
-    _require(not tr.eval_at_end, "train.eval_at_end (with model.backbone wan)", "false",
+    _require(not m.pose_branch, f"model.pose_branch {with_backbone}", "false", m.pose_branch)
+    _require(not tr.eval_at_end, f"train.eval_at_end {with_backbone}", "false",
              tr.eval_at_end)
     if m.lora_rank:
         _require(len(m.lora_targets) >= 1 and all(m.lora_targets), "model.lora_targets",

@@ -43,6 +43,7 @@ from wc_fast.models.pretrained import (
     frame_codec,
     load_wan_world_model,
     load_world_model,
+    load_worldplay_world_model,
 )
 from wc_fast.preemption import EXIT_PREEMPTED, StopRequest
 from wc_fast.runtime import resolve_device
@@ -62,9 +63,11 @@ RUN_CHOICES = ("dtype", "activation_checkpointing")
 
 def initial_model(cfg: config_lib.Config, device: torch.device) -> WorldModel:
     """The model RL starts from: the shipped base model, a weights file, or a random init; for
-    a Wan backbone, the one in ``model.path``."""
+    a Wan or WorldPlay backbone, the one in ``model.path``."""
     if cfg.model.backbone == "wan":
         return load_wan_world_model(cfg.model, device, seed=cfg.train.seed).train()
+    if cfg.model.backbone == "worldplay":
+        return load_worldplay_world_model(cfg.model, device, seed=cfg.train.seed).train()
     if cfg.train.init == "random":
         torch.manual_seed(cfg.train.seed)
         return TinyWorldDiT(cfg.model).to(device)

@@ -1,5 +1,6 @@
-"""The shipped base world model: load it, or export a new one (with its model card); and the
-Wan backbone with its VAE from a local diffusers directory."""
+"""The shipped base world model: load it, or export a new one (with its model card); the
+Wan backbone with its VAE from a local diffusers directory; and WorldPlay with the
+HunyuanVideo-1.5 VAE."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ from torch.optim.swa_utils import AveragedModel
 
 from wc_fast import checkpoint
 from wc_fast.config import ModelConfig, from_dict
+from wc_fast.models.lora import import_peft
 from wc_fast.models.protocol import FrameCodec, PixelFrames
 from wc_fast.models.tiny_dit import DTYPES, TinyWorldDiT
-from wc_fast.models.wan import WanWorldModel, import_peft
+from wc_fast.models.wan import WanWorldModel
 from wc_fast.models.wan_vae import WanLatentCodec, spatial_factor
+from wc_fast.models.worldplay import WorldPlayWorldModel
+from wc_fast.models.worldplay_vae import HunyuanLatentCodec
+from wc_fast.models.worldplay_vae import spatial_factor as hunyuan_spatial_factor
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BASE_WEIGHTS = ASSETS / "base_model.safetensors"
@@ -119,9 +124,45 @@ def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *
     return model.to(device)
 
 
+def load_worldplay_states(path: str) -> dict[str, torch.Tensor]:
+    """WorldPlay's fixed conditioning from the ``.safetensors`` file ``path``
+    (``model.prompt_embeds``): ``prompt_embeds`` as ``text_states`` and, when present,
+    ``vision_states`` (SigLIP tokens) and ``byt5_states`` (glyph tokens); empty for ``""``."""
+    text = load_prompt_embeds(path)
+    if text is None:
+        return {}
+    extra = load_file(path)
+    return {"text_states": text, **{k: extra[k].float() for k in ("vision_states", "byt5_states")
+                                    if k in extra}}
+
+
+def load_worldplay_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *,
+                               seed: int = 0) -> WorldPlayWorldModel:
+    """The :class:`WorldPlayWorldModel` of ``cfg.path`` (its ``transformer/``, official layout)
+    on the latents of its ``vae/`` for ``cfg.resolution`` pixel frames, conditioned on
+    ``cfg.prompt_embeds``, with LoRA adapters when ``cfg.lora_rank > 0``."""
+    if cfg.lora_rank:
+        import_peft()
+    factor = hunyuan_spatial_factor(cfg.path)
+    if cfg.resolution % factor:
+        raise ValueError(f"model.resolution must be a multiple of the VAE's spatial factor "
+                         f"{factor}, got {cfg.resolution}")
+    side = cfg.resolution // factor
+    model = WorldPlayWorldModel.from_pretrained(
+        cfg.path, clip_frames=cfg.clip_frames, latent_size=(side, side),
+        context_sigma=cfg.context_sigma, activation_checkpointing=cfg.activation_checkpointing,
+        autocast_dtype=DTYPES[cfg.dtype], **load_worldplay_states(cfg.prompt_embeds))
+    if cfg.lora_rank:
+        model.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, seed=seed)
+    return model.to(device)
+
+
 def frame_codec(cfg: ModelConfig, device: torch.device | str = "cpu") -> FrameCodec:
     """The map between the model's frames and pixel frames: the identity for the embedded
-    model, the Wan VAE of ``cfg.path`` for a Wan backbone."""
+    model, the VAE of ``cfg.path`` for a Wan or WorldPlay backbone."""
     if cfg.backbone == "wan":
         return WanLatentCodec.from_pretrained(cfg.path, pixel_size=cfg.resolution, device=device)
+    if cfg.backbone == "worldplay":
+        return HunyuanLatentCodec.from_pretrained(cfg.path, pixel_size=cfg.resolution,
+                                                  device=device)
     return PixelFrames()

@@ -28,7 +28,6 @@ import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from diffusers import WanTransformer3DModel
@@ -49,6 +48,7 @@ from wc_fast.models.clips import (
     pressed_keys,
     teacher_forced_layout,
 )
+from wc_fast.models.lora import inject_lora, lora_parameters
 from wc_fast.models.protocol import ContextCache
 from wc_fast.models.tiny_dit import PROMPT_ACTION, key_table
 from wc_kernels import prefix_attention
@@ -141,16 +141,6 @@ def block_forward(block: nn.Module, x: Tensor, context: Tensor, modulation: Tens
     x = gated_residual(x, h, gate)
     x = x + block.attn2(block.norm2(x.float()).type_as(x), context, None, None)
     return gated_residual(x, block.ffn(modulate(block.norm3, x, c_shift, c_scale)), c_gate)
-
-
-def import_peft() -> ModuleType:
-    """``peft``, or a ``ValueError`` naming ``model.lora_rank`` and the extra that installs it."""
-    try:
-        import peft
-    except ModuleNotFoundError as exc:
-        raise ValueError(f"model.lora_rank > 0 needs peft ({exc}): pip install wc_fast[lora]"
-                         ) from exc
-    return peft
 
 
 def load_component(model_class: type[ModelMixin], folder: Path) -> ModelMixin:
@@ -308,18 +298,8 @@ class WanWorldModel(nn.Module):
         afterwards) so that every process and every run builds the same adapters. A target that
         names no linear layer raises ``ValueError`` naming ``model.lora_targets``.
         """
-        peft = import_peft()
-        names = [name for name, m in self.transformer.named_modules()
-                 if isinstance(m, nn.Linear)]
-        missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
-        if missing:
-            raise ValueError(f"model.lora_targets {missing} name no linear layer of the "
-                             f"transformer (its linears include {names[:8]})")
         self.lora = (rank, alpha, tuple(targets))
-        config = peft.LoraConfig(r=rank, lora_alpha=alpha or rank, target_modules=list(targets))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            peft.inject_adapter_in_model(config, self.transformer)
+        inject_lora(self.transformer, rank, alpha, targets, seed=seed)
         self.requires_grad_(False)
         for p in (*self.lora_parameters(), *self.conditioning_parameters()):
             p.requires_grad_(True)
@@ -341,8 +321,7 @@ class WanWorldModel(nn.Module):
 
     def lora_parameters(self) -> list[nn.Parameter]:
         """Both factors of every LoRA adapter (none without :meth:`add_lora`)."""
-        return [p for m in self.transformer.modules() if hasattr(m, "lora_A")
-                for factors in (m.lora_A, m.lora_B) for p in factors.parameters()]
+        return lora_parameters(self.transformer)
 
     # -- what the trainer needs ----------------------------------------------------------------
 
