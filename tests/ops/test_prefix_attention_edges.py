@@ -23,9 +23,9 @@ BACKENDS = ("reference", "split", "flex", "triton")
 EMPTY = [(0, 5), (2, 0), (0, 0)]  # (B, L): no query row
 
 
-def _inputs(b: int, l: int) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(b * 10 + l)
-    shapes = ((b, 2, l, 8), (b, 2, 3, 8), (b, 2, 3, 8), (1, 2, 4, 8), (1, 2, 4, 8))
+def _inputs(b: int, lq: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(b * 10 + lq)
+    shapes = ((b, 2, lq, 8), (b, 2, 3, 8), (b, 2, 3, 8), (1, 2, 4, 8), (1, 2, 4, 8))
     return [torch.randn(*s, generator=g).requires_grad_(True) for s in shapes]
 
 
@@ -33,8 +33,8 @@ def _inputs(b: int, l: int) -> list[torch.Tensor]:
 def test_no_query_row_gives_an_empty_output_in_a_child_process(backend):
     code = textwrap.dedent(f"""
         import torch, wc_kernels
-        for b, l in {EMPTY}:
-            shapes = ((b, 2, l, 8), (b, 2, 3, 8), (b, 2, 3, 8), (1, 2, 4, 8), (1, 2, 4, 8))
+        for b, lq in {EMPTY}:
+            shapes = ((b, 2, lq, 8), (b, 2, 3, 8), (b, 2, 3, 8), (1, 2, 4, 8), (1, 2, 4, 8))
             out = wc_kernels.prefix_attention(*(torch.randn(*s) for s in shapes),
                                               backend="{backend}")
             print(tuple(out.shape))
@@ -44,15 +44,15 @@ def test_no_query_row_gives_an_empty_output_in_a_child_process(backend):
                           cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, f"exit status {done.returncode}: {done.stderr[-2000:]}"
     shapes = [line for line in done.stdout.splitlines() if line.startswith("(")]
-    assert shapes == [str((b, 2, l, 8)) for b, l in EMPTY]
+    assert shapes == [str((b, 2, lq, 8)) for b, lq in EMPTY]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize(("b", "l"), EMPTY)
-def test_no_query_row_has_zero_gradients(backend, b, l):
-    ins = _inputs(b, l)
+@pytest.mark.parametrize(("b", "lq"), EMPTY)
+def test_no_query_row_has_zero_gradients(backend, b, lq):
+    ins = _inputs(b, lq)
     out = wc_kernels.prefix_attention(*ins, backend=backend)
-    assert out.shape == (b, 2, l, 8) and out.dtype == ins[0].dtype
+    assert out.shape == (b, 2, lq, 8) and out.dtype == ins[0].dtype
     grads = torch.autograd.grad(out.sum(), ins)
     for t, g in zip(ins, grads, strict=True):
         assert g.shape == t.shape
