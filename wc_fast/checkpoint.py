@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import random
@@ -215,7 +216,8 @@ def save(directory: str | os.PathLike, step: int, *,
     _remove_temporaries(root)
     final = root / f"{PREFIX}{step:08d}"
     order = {p: _write_order(p) for p in list_checkpoints(root)}
-    run = {"id": run_id, "seq": 1 + max((seq for seq, _ in order.values()), default=0)}
+    run = {"id": run_id, "seq": 1 + max((seq for seq, rid in order.values()
+                                         if rid is not _UNREADABLE), default=0)}
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
         _write_files(tmp, step, models, config, state, base, run)
@@ -243,20 +245,21 @@ def save(directory: str | os.PathLike, step: int, *,
 _UNREADABLE = object()
 
 
-def _write_order(path: Path) -> tuple[int, object]:
+def _write_order(path: Path) -> tuple[float, object]:
     """(write sequence number, run id) of a checkpoint: (0, None) for one of an older version,
-    which records neither; (0, an id equal to no other) when its ``meta.json`` is unreadable."""
+    which records neither; (inf, an id equal to no other) when its ``meta.json`` is unreadable,
+    so that loading tries it first and warns that it skips it, and pruning leaves it."""
     try:
         meta = json.loads((path / "meta.json").read_text())
         run = meta.get("run", {"seq": 0, "id": None})
         return int(run["seq"]), run["id"]
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return 0, _UNREADABLE
+        return math.inf, _UNREADABLE
 
 
 def by_write_order(paths: list[Path]) -> list[Path]:
     """Checkpoint directories oldest-written first (by their write sequence, then step: the
-    step order for checkpoints that record no sequence)."""
+    step order for checkpoints that record no sequence; unreadable ones last)."""
     return sorted(paths, key=lambda p: (_write_order(p)[0], p.name))
 
 

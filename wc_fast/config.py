@@ -691,7 +691,7 @@ def _validate_sizes(cfg: Config) -> None:
     if total > MAX_GIB_PER_RANK:
         raise ValueError(
             f"config sizes need at least {total:,.0f} GiB per rank, over the "
-            f"{MAX_GIB_PER_RANK} GiB any machine here holds: the rollout's frames "
+            f"{MAX_GIB_PER_RANK} GiB validation accepts: the rollout's frames "
             f"(rollout.groups_per_rank x rollout.group_size x rollout.num_clips x "
             f"model.clip_frames x model.channels x model.resolution^2 x 4 bytes) "
             f"{need['rollout']:,.1f} GiB, the weights in {_WEIGHT_COPIES} fp32 copies "

@@ -6,7 +6,8 @@ never silently reused.
 - :class:`RunLock`: an exclusive ``fcntl.flock`` on ``run.lock`` in the directory, which records
   the holder's pid, host and start time. A second writer is refused with an error naming the
   holder. The kernel drops the lock when its holder dies (also on ``kill -9``), so a lock file
-  still naming a process is stale; it is taken over with a warning naming that process.
+  still naming a process is stale; it is taken over with a warning naming that process (unless
+  that process runs on this host, a file system that does not enforce the lock: refused).
 - :func:`claim`: a fresh run into a directory that already holds a run (checkpoints or
   ``metrics.jsonl``) is refused unless it resumes that run or ``overwrite`` deletes it.
 """
@@ -64,6 +65,21 @@ def check_writable_file(path: str | os.PathLike, what: str) -> Path:
     return path
 
 
+def _running_here(holder: dict) -> bool:
+    """Whether ``holder`` names another process alive on this host."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) \
+            or pid == os.getpid() or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
+
+
 def _holder_text(holder: dict) -> str:
     return (f"pid {holder.get('pid')} on host {holder.get('host')} (since "
             f"{holder.get('since')}: {holder.get('command')})")
@@ -109,6 +125,11 @@ class RunLock:
                               "directory at a time; wait for it, stop it, or choose another "
                               "--out") from None
         stale = self._read(fd)
+        if stale and _running_here(stale):
+            os.close(fd)
+            raise RunDirError(f"{self.path.parent} is in use by {_holder_text(stale)}, which "
+                              f"is running (this file system did not enforce the lock); if "
+                              f"that is no wc_fast run, delete {self.path}")
         if stale:
             warnings.warn(f"taking over the stale lock {self.path} of {_holder_text(stale)}: "
                           "that process no longer holds it (it ended without releasing it)",
