@@ -31,7 +31,7 @@ from wc_fast.train import main
 from wc_fast.trainer import NumericalFaultError
 
 REPO = Path(__file__).resolve().parents[1]
-SMOKE = ["--preset", "smoke", "--train.ckpt_every", "1", "--train.eval_at_end", "false"]
+SMOKE = ["--preset", "smoke", "--train.ckpt_every", "1"]
 
 
 def _env() -> dict[str, str]:

@@ -250,8 +250,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = run.config
     device = resolve_device(cfg.train.device)
     out = check_writable_dir(cfg.train.out, "train.out")
-    if run.resume:  # another config fails now, not after the models are built
-        checkpoint.check_resumable(out, config_lib.to_dict(cfg), RESUMABLE_CHANGES)
     info = init_from_env(device.type)
     if device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
@@ -259,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with RunLock(out) if info.is_main else contextlib.nullcontext():
         if info.is_main:
             claim(out, resume=run.resume, overwrite=run.overwrite)
+        if run.resume:  # another config fails now, not after the models are built
+            checkpoint.check_resumable(out, config_lib.to_dict(cfg), RESUMABLE_CHANGES)
         return _run(run, device, info)
 
 
