@@ -189,7 +189,8 @@ def run(row: str, seed: int, folder: Path, steps: int | None, threads: int | Non
     found = checkpoint.list_checkpoints(folder) if folder.is_dir() else []
     if not found or int(found[-1].name.split("_")[-1]) < want:
         start = time.perf_counter()
-        resume = ["--resume"] if found else []
+        # a run killed before its first checkpoint leaves rows in metrics.jsonl: start over
+        resume = ["--resume"] if found else ["--overwrite"]
         folder.parent.mkdir(parents=True, exist_ok=True)
         with open(folder.with_suffix(".log"), "a") as log:
             env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}

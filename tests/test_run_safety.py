@@ -26,6 +26,7 @@ from wc_fast.models.pretrained import (
     load_checkpoint_model,
     load_world_model,
 )
+from wc_fast.pretrain import main as pretrain_main
 from wc_fast.run_dir import LOCK_NAME, RunDirError, RunLock, claim
 from wc_fast.train import main
 from wc_fast.trainer import NumericalFaultError
@@ -74,6 +75,15 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
     with RunLock(tmp_path):  # free again once the holder ended
         assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
     assert (tmp_path / LOCK_NAME).read_text() == ""  # released cleanly
+
+
+def test_pretraining_takes_the_same_lock(tmp_path):
+    holder = _hold_lock(tmp_path)
+    try:
+        with pytest.raises(RunDirError, match=f"in use by pid {holder.pid}"):
+            pretrain_main(["--preset", "smoke", "--steps", "1", "--out", str(tmp_path)])
+    finally:
+        holder.communicate("")
 
 
 def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path):
@@ -357,6 +367,21 @@ def test_cuda_without_a_gpu_is_one_line_with_exit_status_2(tmp_path, capsys, mon
     assert err == ("python -m wc_fast.train: error: RuntimeError: train.device='cuda' but no "
                    "CUDA device is available\n")
     assert not list(tmp_path.iterdir())
+
+
+def test_the_command_line_reports_an_error_in_one_line_or_a_traceback_with_debug(tmp_path):
+    (tmp_path / "f").write_text("")
+    command = [sys.executable, "-m", "wc_fast.train", "--preset", "smoke", "--out",
+               str(tmp_path / "f")]
+    done = subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"python -m wc_fast.train: error: RunDirError: train.out {tmp_path / 'f'} is a file, "
+        "not a directory")
+    assert "Traceback" not in done.stderr
+    debug = subprocess.run([*command, "--debug"], capture_output=True, text=True, env=_env(),
+                           timeout=300)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
 
 
 def test_eval_refuses_zero_steps_and_an_unwritable_json_up_front(tmp_path, monkeypatch, capsys):
