@@ -95,6 +95,15 @@ def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path):
         assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
 
 
+def test_the_lock_of_a_killed_writer_is_taken_over(tmp_path):
+    holder = _hold_lock(tmp_path)
+    holder.kill()  # SIGKILL: no release, the lock file still names it
+    holder.communicate()
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == holder.pid
+    with pytest.warns(UserWarning, match=f"stale lock .* pid {holder.pid} "), RunLock(tmp_path):
+        pass
+
+
 def test_a_lock_file_naming_a_live_process_here_is_refused_even_unlocked(tmp_path):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
