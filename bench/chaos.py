@@ -7,11 +7,11 @@ land inside checkpoint writes as well as inside iterations) once without interru
 again under SIGKILL at a random moment after each start, resuming with ``--resume`` until the
 run completes and at least ``--kills`` kills have landed. After every kill the last line of
 ``metrics.jsonl`` is torn (half a row appended, as a crash mid-append leaves it). Then a
-concurrent writer: a second run started into the directory of a running one must be refused
-(exit status 2, naming the holder) while the first completes untouched. Prints the kills, how
-many runs had to fall back past a damaged or partial checkpoint, and whether the final weights
-of both runs equal the uninterrupted run's bit for bit and their ``metrics.jsonl`` holds each
-step once; exits 1 if not.
+concurrent writer: a second run started into the directory of a running (paused) one must be
+refused (exit status 2, naming the holder) while the first completes untouched. Prints the
+kills, how many runs had to fall back past a damaged or partial checkpoint, and whether the
+final weights of both runs equal the uninterrupted run's bit for bit and their
+``metrics.jsonl`` holds each step once; exits 1 if not.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -106,9 +107,10 @@ def run_with_kills(out: Path, steps: int, kills: int, rng: random.Random,
 
 def concurrent_writer(out: Path, steps: int) -> str:
     """Start a run into ``out``; once it holds the directory's lock, start a second one into
-    it (``--overwrite``: unlocked, it would delete the first run's checkpoints). Returns the
-    second one's error line; raises unless it was refused with status 2 and the first run
-    completed."""
+    it (``--overwrite``: unlocked, it would delete the first run's checkpoints). The first is
+    paused (SIGSTOP) meanwhile, so that the second finds it running however long its start-up
+    takes. Returns the second one's error line; raises unless it was refused with status 2 and
+    the first run completed."""
     first = subprocess.Popen(train_command(out, steps, False), env=environment(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lock, deadline = out / "run.lock", time.monotonic() + 300
@@ -116,8 +118,12 @@ def concurrent_writer(out: Path, steps: int) -> str:
         if first.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the first run never locked {out}: {first.communicate()[1]}")
         time.sleep(0.05)
-    second = subprocess.run(train_command(out, steps, False), env=environment(),
-                            capture_output=True, text=True, timeout=300)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run(train_command(out, steps, False), env=environment(),
+                                capture_output=True, text=True, timeout=300)
+    finally:
+        first.send_signal(signal.SIGCONT)
     err = first.communicate(timeout=600)[1]
     if first.returncode != 0:
         raise RuntimeError(f"the first run failed ({first.returncode}):\n{err[-3000:]}")
