@@ -334,6 +334,7 @@ def test_an_absurd_learning_rate_is_skipped_and_stops_the_run(tmp_path):
         torch.testing.assert_close(saved[key], value, rtol=0, atol=0, msg=key)
 
 
+@pytest.mark.slow
 def test_the_guard_off_lets_the_blow_up_through(tmp_path):
     """The same run with ``train.max_update_ratio 0``: the check above is what stopped it."""
     assert main([*SMOKE, "--steps", "1", "--out", str(tmp_path), "--optim.lr", "1e30",
@@ -378,6 +379,7 @@ def test_cuda_without_a_gpu_is_one_line_with_exit_status_2(tmp_path, capsys, mon
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_the_command_line_reports_an_error_in_one_line_or_a_traceback_with_debug(tmp_path):
     (tmp_path / "f").write_text("")
     command = [sys.executable, "-m", "wc_fast.train", "--preset", "smoke", "--out",
