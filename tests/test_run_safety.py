@@ -369,6 +369,18 @@ def test_an_out_that_cannot_be_a_directory_fails_before_setup(tmp_path, monkeypa
         main([*SMOKE, "--out", str(out)])
 
 
+def test_a_read_only_out_fails_before_setup(tmp_path, monkeypatch):
+    """A read-only directory as a non-root user sees it (root may write anywhere)."""
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("wc_fast.run_dir.tempfile.TemporaryFile", denied)
+    monkeypatch.setattr("wc_fast.train.initial_model", lambda *a: pytest.fail("set up"))
+    with pytest.raises(RunDirError, match=f"train.out {tmp_path} is not a writable directory: "
+                                          "Permission denied"):
+        main([*SMOKE, "--out", str(tmp_path)])
+
+
 def test_cuda_without_a_gpu_is_one_line_with_exit_status_2(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     argv = [*SMOKE, "--out", str(tmp_path), "--train.device", "cuda"]
