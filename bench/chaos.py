@@ -5,16 +5,22 @@
 Runs ``python -m wc_fast.train`` on the smoke preset (a checkpoint every iteration, so kills
 land inside checkpoint writes as well as inside iterations) once without interruption, then
 again under SIGKILL at a random moment after each start, resuming with ``--resume`` until the
-run completes and at least ``--kills`` kills have landed. Prints the kills, how many runs had
-to fall back past a damaged or partial checkpoint, and whether the final weights equal the
-uninterrupted run's bit for bit; exits 1 if they do not.
+run completes and at least ``--kills`` kills have landed. After every kill the last line of
+``metrics.jsonl`` is torn (half a row appended, as a crash mid-append leaves it). Then a
+concurrent writer: a second run started into the directory of a running (paused) one must be
+refused (exit status 2, naming the holder) while the first completes untouched. Prints the
+kills, how many runs had to fall back past a damaged or partial checkpoint, and whether the
+final weights of both runs equal the uninterrupted run's bit for bit and their
+``metrics.jsonl`` holds each step once; exits 1 if not.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,10 +35,16 @@ from wc_fast import checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# what a crash in the middle of appending a row leaves at the end of metrics.jsonl
+TORN_ROW = '{"step": 99999, "clip": 1, "if_me'
+
+
 def train_command(out: Path, steps: int, resume: bool) -> list[str]:
+    """A smoke run into ``out``: resumed, or fresh (``--overwrite``: a run killed before its
+    first checkpoint may have left rows in metrics.jsonl)."""
     return [sys.executable, "-m", "wc_fast.train", "--preset", "smoke", "--steps", str(steps),
             "--out", str(out), "--train.ckpt_every", "1", "--train.keep_last", "2",
-            *(["--resume"] if resume else [])]
+            "--resume" if resume else "--overwrite"]
 
 
 def environment() -> dict[str, str]:
@@ -45,6 +57,19 @@ def environment() -> dict[str, str]:
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(checkpoint.latest(out) / "model.safetensors")
+
+
+def logged_steps(out: Path) -> list[int]:
+    """The steps of the rows of ``out``'s metrics.jsonl, in file order."""
+    return [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def tear_log(out: Path) -> None:
+    """Append half a row to ``out``'s metrics.jsonl (if the killed run had written one)."""
+    metrics = out / "metrics.jsonl"
+    if metrics.is_file():
+        with metrics.open("a") as f:
+            f.write(TORN_ROW)
 
 
 def run_with_kills(out: Path, steps: int, kills: int, rng: random.Random,
@@ -67,6 +92,7 @@ def run_with_kills(out: Path, steps: int, kills: int, rng: random.Random,
                 proc.kill()
                 proc.wait()
                 landed += 1
+                tear_log(out)
                 print(f"kill {landed}: after {wait:.1f} s; checkpoints then: "
                       f"{[p.name for p in checkpoint.list_checkpoints(out)]}", flush=True)
         text = log.read_text()
@@ -77,6 +103,35 @@ def run_with_kills(out: Path, steps: int, kills: int, rng: random.Random,
         elif proc.returncode != -9:
             raise RuntimeError(f"run {attempt} failed ({proc.returncode}):\n{text[-3000:]}")
     raise RuntimeError(f"no complete run after {kills} kills")
+
+
+def concurrent_writer(out: Path, steps: int) -> str:
+    """Start a run into ``out``; once it holds the directory's lock, start a second one into
+    it (``--overwrite``: unlocked, it would delete the first run's checkpoints). The first is
+    paused (SIGSTOP) meanwhile, so that the second finds it running however long its start-up
+    takes. Returns the second one's error line; raises unless it was refused with status 2 and
+    the first run completed."""
+    first = subprocess.Popen(train_command(out, steps, False), env=environment(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lock, deadline = out / "run.lock", time.monotonic() + 300
+    while not (lock.is_file() and lock.read_text().strip()):
+        if first.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the first run never locked {out}: {first.communicate()[1]}")
+        time.sleep(0.05)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run(train_command(out, steps, False), env=environment(),
+                                capture_output=True, text=True, timeout=300)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    err = first.communicate(timeout=600)[1]
+    if first.returncode != 0:
+        raise RuntimeError(f"the first run failed ({first.returncode}):\n{err[-3000:]}")
+    refusal = second.stderr.strip().splitlines()[-1] if second.stderr.strip() else ""
+    if second.returncode != 2 or f"in use by pid {first.pid}" not in refusal:
+        raise RuntimeError(f"the second writer was not refused ({second.returncode}): "
+                           f"{second.stderr[-3000:]}")
+    return refusal
 
 
 def timed_reference(out: Path, steps: int) -> tuple[float, float]:
@@ -112,11 +167,20 @@ def main(argv: list[str] | None = None) -> int:
     # iterations and checkpoint writes, and each resumed run advances only a few steps
     landed, skipped = run_with_kills(chaotic, args.steps, args.kills,
                                      random.Random(args.seed), (0.5, first + 2 * per_step))
-    want, got = final_weights(reference), final_weights(chaotic)
-    mismatched = [k for k in want if k not in got or not torch.equal(want[k], got[k])]
+    refusal = concurrent_writer(out / "concurrent", args.steps)
+    print(f"second writer refused: {refusal}")
+    want = final_weights(reference)
+    failed = False
+    for name, run in (("killed", chaotic), ("concurrent", out / "concurrent")):
+        got = final_weights(run)
+        mismatched = [k for k in want if k not in got or not torch.equal(want[k], got[k])]
+        steps_ok = logged_steps(run) == list(range(1, args.steps + 1))
+        print(f"{name} run: tensors differing from the uninterrupted run: {len(mismatched)} "
+              f"of {len(want)}; metrics.jsonl holds each step once: {steps_ok}")
+        failed |= bool(mismatched) or want.keys() != got.keys() or not steps_ok
     print(f"kills survived: {landed}; damaged checkpoints skipped on resume: {skipped}; "
-          f"tensors differing from the uninterrupted run: {len(mismatched)} of {len(want)}")
-    return 1 if mismatched or want.keys() != got.keys() else 0
+          f"torn metrics.jsonl lines survived: {landed}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

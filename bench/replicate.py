@@ -119,8 +119,9 @@ ROWS = {"recipe": [], "recipe_if_only": ["--reward.kind", "if"],
 TABLE1_ROW = "recipe"
 # the shipped models an evaluation reads (asset names in wc_fast/assets)
 SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic_eval")
-# config fields added after the study began, with the value at which they change nothing
-FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0}
+# config fields added after the study began, with the value that reproduces the cached runs
+# (the update guard at its default never fired in them: their updates are far below it)
+FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio": 1.0}
 # each family's full row, the prefix of its ablations' names, and its name in the doc
 FAMILIES = (("recipe", "recipe_", "default recipe"), ("full", "", "paper recipe"))
 TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
@@ -207,7 +208,8 @@ def run(row: str, seed: int, folder: Path, steps: int | None, threads: int | Non
     found = checkpoint.list_checkpoints(folder) if folder.is_dir() else []
     if not found or int(found[-1].name.split("_")[-1]) < want:
         start = time.perf_counter()
-        resume = ["--resume"] if found else []
+        # a run killed before its first checkpoint leaves rows in metrics.jsonl: start over
+        resume = ["--resume"] if found else ["--overwrite"]
         folder.parent.mkdir(parents=True, exist_ok=True)
         with open(folder.with_suffix(".log"), "a") as log:
             env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}

@@ -292,8 +292,10 @@ def test_render_speed_reports_a_frame_rate(capsys):
 def test_chaos_run_survives_a_kill_with_the_same_weights(tmp_path, capsys):
     assert _load("chaos").main(["--kills", "1", "--steps", "3", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "kills survived: 1;" in out
-    assert "tensors differing from the uninterrupted run: 0 of" in out
+    assert "kills survived: 1;" in out and "torn metrics.jsonl lines survived: 1" in out
+    assert out.count("tensors differing from the uninterrupted run: 0 of") == 2
+    assert out.count("metrics.jsonl holds each step once: True") == 2
+    assert "second writer refused: python -m wc_fast.train: error: RunDirError:" in out
 
 
 def test_two_key_errors_reads_exact_poses_as_right_and_reports_each_kind(capsys):

@@ -162,6 +162,7 @@ def test_malicious_state_runs_nothing_and_fails_clearly(tmp_path):
     torch.save({"rng": _Payload(marker)}, path / "state.pt")
     meta = json.loads((path / "meta.json").read_text())
     meta["files"]["state.pt"] = checkpoint._sha256(path / "state.pt")  # hashes match
+    meta["sha256"] = checkpoint._meta_digest(meta)
     (path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(checkpoint.CheckpointError, match="refused to unpickle"):
         checkpoint.load(path, models={"model": _model()})
@@ -171,7 +172,7 @@ def test_malicious_state_runs_nothing_and_fails_clearly(tmp_path):
 def test_checkpoint_without_hashes_loads_unverified_with_a_warning(tmp_path):
     path = _save(tmp_path, 1)
     meta = json.loads((path / "meta.json").read_text())
-    del meta["files"]  # as written before the hashes were recorded
+    del meta["files"], meta["sha256"]  # as written before the hashes were recorded
     (path / "meta.json").write_text(json.dumps(meta))
     with pytest.warns(UserWarning, match="records no sha256 hashes"):
         assert checkpoint.load(path, models={"model": _model()}).step == 1

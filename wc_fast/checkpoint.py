@@ -6,8 +6,16 @@ the sha256 of every other file). It is written to a temporary sibling directory,
 the directory are fsynced, then it is renamed into place and the parent directory fsynced: after
 a crash or power loss a checkpoint is complete or absent. Loading verifies the hashes first
 (a truncated, altered or missing file raises :class:`CheckpointError` naming it) and reads
-``state.pt`` with ``torch.load(weights_only=True)``, so a checkpoint cannot run code.
-Only the newest ``keep_last`` are kept.
+``state.pt`` with ``torch.load(weights_only=True)``, so a checkpoint cannot run code. Every
+other way a checkpoint can fail to load (a ``meta.json`` of the wrong shape, a ``state.pt``
+missing what the run needs) is a :class:`CheckpointError` too, so a resumed run falls back to
+an older one; a checkpoint of another configuration raises :class:`ConfigMismatchError` naming
+the fields, before any weight is loaded.
+
+``meta.json`` names the run (its lineage: a fresh run's id, kept by the runs resuming it) and
+a write sequence number; only the ``keep_last`` most recently written checkpoints of the run
+are kept, whatever their step numbers (a run resumed from an older checkpoint keeps what it
+writes, not the newer steps it is replacing).
 
 A checkpoint of a run that trains a few weights over frozen ones it never changes (LoRA over a
 backbone) may hold only the trained weights; its ``meta.json`` then names the frozen weights'
@@ -19,12 +27,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import pickle
 import random
 import re
 import shutil
 import tempfile
+import uuid
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -46,6 +56,16 @@ _CHUNK = 1 << 20
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupt or from an incompatible configuration."""
+
+
+class ConfigMismatchError(CheckpointError):
+    """A checkpoint was written under another configuration (no older checkpoint of the run
+    can do better: resuming falls back past damage, not past this)."""
+
+
+def new_run_id() -> str:
+    """The lineage id of a fresh run (kept in its checkpoints and by runs resuming them)."""
+    return uuid.uuid4().hex
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,6 +98,7 @@ class Checkpoint:
     step: int
     config: dict
     state: dict
+    run_id: str | None = None
 
 
 def rng_state() -> dict:
@@ -133,27 +154,54 @@ def _torch_bytes(obj: object) -> bytes:
     return buffer.getvalue()
 
 
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Replace file ``path`` by ``data`` so that a crash leaves the old or the new content:
+    a synced temporary sibling renamed over it, then the directory synced."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        _write_synced(Path(tmp), data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _meta_digest(meta: dict) -> str:
+    """sha256 of ``meta.json``'s content other than this digest (canonical JSON)."""
+    rest = {k: v for k, v in meta.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
 def _write_files(directory: Path, step: int, models: dict, config: dict, state: dict,
-                 base: FrozenBase | None) -> None:
+                 base: FrozenBase | None, run: dict) -> None:
     """Every file of checkpoint ``step`` into ``directory``, ``meta.json`` (with the others'
-    hashes and the frozen ``base``, if any) last."""
+    hashes, the frozen ``base``, if any, the ``run`` lineage and its own digest) last."""
     files = {f"{name}.safetensors": _write_synced(directory / f"{name}.safetensors",
                                                   safetensors_bytes(_weights(model)))
              for name, model in models.items()}
     files["state.pt"] = _write_synced(directory / "state.pt",
                                       _torch_bytes({**state, "rng": rng_state()}))
-    meta = {"step": step, "config": config, "models": sorted(models), "files": files}
+    meta = {"step": step, "config": config, "models": sorted(models), "files": files,
+            "run": run}
     if base is not None:
         meta["base"] = asdict(base)
+    meta["sha256"] = _meta_digest(meta)
     _write_synced(directory / "meta.json", json.dumps(meta, indent=2).encode())
     _fsync_dir(directory)
 
 
 def save(directory: str | os.PathLike, step: int, *,
          models: dict[str, nn.Module | Mapping[str, torch.Tensor]],
-         config: dict, state: dict, keep_last: int = 2, base: FrozenBase | None = None) -> Path:
-    """Write checkpoint ``step`` atomically and durably under ``directory``; prune to
-    ``keep_last``.
+         config: dict, state: dict, keep_last: int = 2, base: FrozenBase | None = None,
+         run_id: str | None = None) -> Path:
+    """Write checkpoint ``step`` atomically and durably under ``directory``; keep only the
+    ``keep_last`` most recently written checkpoints of run ``run_id`` (its lineage:
+    :func:`new_run_id` for a fresh run, :attr:`Checkpoint.run_id` for a resumed one; ``None``
+    is the lineage of every checkpoint saved without one, as older checkpoints were).
+    Checkpoints of other runs, and any whose ``meta.json`` cannot be read, are left alone.
 
     ``models`` maps a name to a module or to its already gathered weights (what
     :func:`wc_fast.distributed.full_state_dict` returns for a sharded model). ``base``: the
@@ -167,9 +215,12 @@ def save(directory: str | os.PathLike, step: int, *,
     root.mkdir(parents=True, exist_ok=True)
     _remove_temporaries(root)
     final = root / f"{PREFIX}{step:08d}"
+    order = {p: _write_order(p) for p in list_checkpoints(root)}
+    run = {"id": run_id, "seq": 1 + max((seq for seq, rid in order.values()
+                                         if rid is not _UNREADABLE), default=0)}
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        _write_files(tmp, step, models, config, state, base)
+        _write_files(tmp, step, models, config, state, base, run)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -182,9 +233,34 @@ def save(directory: str | os.PathLike, step: int, *,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in list_checkpoints(root)[:-keep_last]:
+    order[final] = (run["seq"], run_id)
+    lineage = sorted((p for p, (_, rid) in order.items() if rid == run_id),
+                     key=lambda p: order[p][0])
+    for old in lineage[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+# the run id of a checkpoint whose meta.json cannot be read: equal to no run's id
+_UNREADABLE = object()
+
+
+def _write_order(path: Path) -> tuple[float, object]:
+    """(write sequence number, run id) of a checkpoint: (0, None) for one of an older version,
+    which records neither; (inf, an id equal to no other) when its ``meta.json`` is unreadable,
+    so that loading tries it first and warns that it skips it, and pruning leaves it."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        run = meta.get("run", {"seq": 0, "id": None})
+        return int(run["seq"]), run["id"]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return math.inf, _UNREADABLE
+
+
+def by_write_order(paths: list[Path]) -> list[Path]:
+    """Checkpoint directories oldest-written first (by their write sequence, then step: the
+    step order for checkpoints that record no sequence; unreadable ones last)."""
+    return sorted(paths, key=lambda p: (_write_order(p)[0], p.name))
 
 
 def _remove_temporaries(root: Path) -> None:
@@ -209,11 +285,11 @@ def _none_found(directory: str | os.PathLike) -> CheckpointError:
 
 
 def latest(directory: str | os.PathLike) -> Path:
-    """The newest checkpoint directory under ``directory`` (not verified)."""
+    """The most recently written checkpoint directory under ``directory`` (not verified)."""
     found = list_checkpoints(directory)
     if not found:
         raise _none_found(directory)
-    return found[-1]
+    return by_write_order(found)[-1]
 
 
 def _sha256(path: Path) -> str:
@@ -224,14 +300,38 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _read_meta(path: Path) -> dict:
-    if not (path / "meta.json").is_file():
+# the fields of meta.json and their JSON types (files, run, base and sha256 are optional:
+# checkpoints of older versions lack them)
+_META_FIELDS = {"step": int, "config": dict, "models": list, "files": dict, "run": dict,
+                "base": dict, "sha256": str}
+_REQUIRED_META = ("step", "config", "models")
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """``meta.json`` of checkpoint ``path``, checked for shape (and against its own digest
+    where it records one); any fault raises :class:`CheckpointError` naming the file."""
+    file = Path(path) / "meta.json"
+    if not file.is_file():
         raise CheckpointError(f"checkpoint {path} is damaged: meta.json is missing")
     try:
-        return json.loads((path / "meta.json").read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"checkpoint {path} is corrupt: meta.json is not valid JSON "
+        meta = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError, OSError) as exc:
+        raise CheckpointError(f"checkpoint {path} is corrupt: {file} is not valid JSON "
                               f"({exc})") from exc
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint {path} is corrupt: {file} holds a "
+                              f"{type(meta).__name__}, not an object")
+    for key in _REQUIRED_META:
+        if key not in meta:
+            raise CheckpointError(f"checkpoint {path} is corrupt: {file} has no {key!r}")
+    for key, kind in _META_FIELDS.items():
+        if key in meta and (not isinstance(meta[key], kind) or isinstance(meta[key], bool)):
+            raise CheckpointError(f"checkpoint {path} is corrupt: {key!r} in {file} must be "
+                                  f"a JSON {kind.__name__}, got {meta[key]!r:.80}")
+    if "sha256" in meta and meta["sha256"] != _meta_digest(meta):
+        raise CheckpointError(f"checkpoint {path} is corrupt: {file} fails its sha256 check "
+                              "(altered)")
+    return meta
 
 
 def verify(path: str | os.PathLike) -> dict:
@@ -240,7 +340,7 @@ def verify(path: str | os.PathLike) -> dict:
     Checkpoints written before the hashes were recorded load with a warning, unverified.
     """
     path = Path(path)
-    meta = _read_meta(path)
+    meta = read_meta(path)
     if "files" not in meta:
         warnings.warn(f"checkpoint {path} records no sha256 hashes (written by an older "
                       "wc_fast); loading it unverified", stacklevel=2)
@@ -255,15 +355,35 @@ def verify(path: str | os.PathLike) -> dict:
     return meta
 
 
-def _load_state(file: Path) -> dict:
-    """``state.pt`` read as tensors and plain values only: unpickling cannot run code."""
+def _load_state(file: Path, required: tuple[str, ...]) -> dict:
+    """``state.pt`` read as tensors and plain values only (unpickling cannot run code): a dict
+    holding at least the keys ``required``."""
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointError(f"{file} holds objects other than tensors and plain values; "
                               f"refused to unpickle it (it could run code): {exc}") from exc
     except Exception as exc:
         raise CheckpointError(f"checkpoint file {file} is corrupt: {exc}") from exc
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint file {file} is corrupt: it holds a "
+                              f"{type(state).__name__}, not a dict")
+    missing = [key for key in required if key not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint file {file} is incomplete: it has no "
+                              f"{', '.join(map(repr, missing))}")
+    return state
+
+
+def check_config(path: str | os.PathLike, saved: dict, current: dict,
+                 ignore: tuple[str, ...] = ()) -> None:
+    """:class:`ConfigMismatchError` naming each field (``model.dim: 192 -> 64``, checkpoint
+    value first) where ``current`` differs from the ``saved`` config of checkpoint ``path``,
+    except those ``ignore`` names (:func:`config_mismatch`)."""
+    diffs = config_mismatch(saved, current, ignore)
+    if diffs:
+        raise ConfigMismatchError(f"checkpoint {path} was written with another config "
+                                  "(checkpoint -> now): " + "; ".join(diffs))
 
 
 def _check_base(path: Path, saved: dict, base: FrozenBase | None) -> None:
@@ -280,43 +400,80 @@ def _check_base(path: Path, saved: dict, base: FrozenBase | None) -> None:
 
 
 def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
-         restore_rng: bool = True, base: FrozenBase | None = None) -> Checkpoint:
+         restore_rng: bool = True, base: FrozenBase | None = None,
+         required_state: tuple[str, ...] = (), config: dict | None = None,
+         ignore: tuple[str, ...] = ()) -> Checkpoint:
     """Verify checkpoint ``path``, load weights into ``models`` in place and return the rest.
 
-    Nothing is loaded into ``models`` unless every file passed its hash check and ``state.pt``
-    unpickled safely. A checkpoint of trained weights over a frozen base loads only with the
-    same ``base`` (the models' frozen weights, already in place): another raises
-    ``ValueError``, as does none.
+    Nothing is loaded into ``models`` unless every file passed its hash check, ``state.pt``
+    unpickled safely and holds the keys ``required_state`` (and ``rng`` with
+    ``restore_rng``), and, given the run's ``config``, the checkpoint's config equals it but
+    for the fields ``ignore`` names (else :class:`ConfigMismatchError`). A checkpoint of
+    trained weights over a frozen base loads only with the same ``base`` (the models' frozen
+    weights, already in place): another raises ``ValueError``, as does none.
     """
     path = Path(path)
     meta = verify(path)
+    if config is not None:
+        check_config(path, meta["config"], config, ignore)
     saved = meta.get("base")
     if saved is not None and models:
         _check_base(path, saved, base)
-    state = _load_state(path / "state.pt")
+    missing = [name for name in models if name not in meta["models"]]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} holds no weights for {missing} (it has "
+                              f"{meta['models']})")
+    state = _load_state(path / "state.pt", (*required_state, *(("rng",) if restore_rng
+                                                                else ())))
     try:
         for name, model in models.items():
             load_full_state_dict(model, load_file(path / f"{name}.safetensors"),
                                  partial=saved is not None)
+        if restore_rng:
+            set_rng_state(state["rng"])
     except Exception as exc:
         raise CheckpointError(f"checkpoint {path} is corrupt or incompatible: {exc}") from exc
-    if restore_rng:
-        set_rng_state(state["rng"])
-    return Checkpoint(path=path, step=int(meta["step"]), config=meta["config"], state=state)
+    run = meta.get("run", {})
+    return Checkpoint(path=path, step=meta["step"], config=meta["config"], state=state,
+                      run_id=run.get("id") if isinstance(run.get("id"), str) else None)
+
+
+def check_resumable(directory: str | os.PathLike, config: dict,
+                    ignore: tuple[str, ...] = ()) -> None:
+    """Before any setup: :class:`CheckpointError` when ``directory`` holds no checkpoint,
+    :class:`ConfigMismatchError` when the newest one whose ``meta.json`` reads was written
+    with another ``config`` (but for ``ignore``). Damage is left to
+    :func:`load_latest_intact`."""
+    found = list_checkpoints(directory)
+    if not found:
+        raise _none_found(directory)
+    for path in reversed(by_write_order(found)):
+        try:
+            meta = read_meta(path)
+        except CheckpointError:
+            continue
+        check_config(path, meta["config"], config, ignore)
+        return
 
 
 def load_latest_intact(directory: str | os.PathLike, *, models: dict[str, nn.Module],
-                       restore_rng: bool = True, base: FrozenBase | None = None) -> Checkpoint:
-    """Load the newest checkpoint under ``directory`` that passes :func:`load`'s checks,
-    warning about each newer one skipped as damaged (a frozen base that differs from ``base``
-    is no damage: its ``ValueError`` is raised)."""
+                       restore_rng: bool = True, base: FrozenBase | None = None,
+                       required_state: tuple[str, ...] = (), config: dict | None = None,
+                       ignore: tuple[str, ...] = ()) -> Checkpoint:
+    """Load the most recently written checkpoint under ``directory`` that passes
+    :func:`load`'s checks, warning about each newer one skipped as damaged (a frozen base that
+    differs from ``base`` is no damage: its ``ValueError`` is raised; nor is another config:
+    its :class:`ConfigMismatchError` is raised)."""
     found = list_checkpoints(directory)
     if not found:
         raise _none_found(directory)
     skipped = []
-    for path in reversed(found):
+    for path in reversed(by_write_order(found)):
         try:
-            return load(path, models=models, restore_rng=restore_rng, base=base)
+            return load(path, models=models, restore_rng=restore_rng, base=base,
+                        required_state=required_state, config=config, ignore=ignore)
+        except ConfigMismatchError:
+            raise
         except CheckpointError as exc:
             warnings.warn(f"skipping damaged checkpoint {path.name}: {exc}", stacklevel=2)
             skipped.append(str(exc))
@@ -324,7 +481,8 @@ def load_latest_intact(directory: str | os.PathLike, *, models: dict[str, nn.Mod
 
 
 def config_mismatch(saved: dict, current: dict, ignore: tuple[str, ...] = ()) -> list[str]:
-    """``section.field`` names whose values differ between two config dicts (JSON-normalised).
+    """``section.field: saved -> current`` for each field whose values differ between two
+    config dicts (JSON-normalised).
 
     ``ignore`` holds ``section.field`` names or whole ``section`` names.
     """
@@ -336,7 +494,7 @@ def config_mismatch(saved: dict, current: dict, ignore: tuple[str, ...] = ()) ->
             for key in sorted(set(a) | set(b)):
                 name = f"{section}.{key}"
                 if section not in ignore and name not in ignore and a.get(key) != b.get(key):
-                    diffs.append(f"{name}: checkpoint {a.get(key)!r} vs now {b.get(key)!r}")
+                    diffs.append(f"{name}: {a.get(key)!r} -> {b.get(key)!r}")
         elif section not in ignore and a != b:
-            diffs.append(f"{section}: checkpoint {a!r} vs now {b!r}")
+            diffs.append(f"{section}: {a!r} -> {b!r}")
     return diffs

@@ -1,9 +1,11 @@
-"""Thin command line shared by the entry points: a preset plus ``--section.field VALUE``."""
+"""Thin command line shared by the entry points: a preset plus ``--section.field VALUE``, and
+the way they fail: one line on stderr and exit status 2 (a traceback with ``--debug``)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -15,11 +17,13 @@ from wc_fast import config as config_lib
 class RunArgs:
     config: config_lib.Config
     resume: bool
+    overwrite: bool = False
 
 
 def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = None, *,
                    steps_field: str = "train.steps", out_field: str = "train.out") -> RunArgs:
-    """Parse ``[--preset NAME] [--out DIR] [--steps N] [--resume] [--section.field VALUE]``.
+    """Parse ``[--preset NAME] [--out DIR] [--steps N] [--resume | --overwrite] [--debug]
+    [--section.field VALUE]`` (``--debug`` is read by :func:`run_main`).
 
     ``--out`` and ``--steps`` set ``out_field`` and ``steps_field``.
     """
@@ -33,8 +37,13 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
                              "gpu with CUDA, cpu without)")
     parser.add_argument("--out", default=None, help=f"output directory ({out_field})")
     parser.add_argument("--steps", type=int, default=None, help=f"iterations ({steps_field})")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in --out")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help="continue from the latest checkpoint in --out")
+    start.add_argument("--overwrite", action="store_true",
+                       help="start afresh in an --out that holds another run, deleting its "
+                            "checkpoints and metrics.jsonl (without it such an --out is refused)")
+    add_debug(parser)
     args, rest = parser.parse_known_args(argv)
     cfg = config_lib.build_preset(
         args.preset or config_lib.machine_preset(torch.cuda.is_available()))
@@ -52,7 +61,29 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
         config_lib.validate(cfg)
     except ValueError as exc:
         parser.error(str(exc))
-    return RunArgs(config=cfg, resume=args.resume)
+    return RunArgs(config=cfg, resume=args.resume, overwrite=args.overwrite)
+
+
+def add_debug(parser: argparse.ArgumentParser) -> None:
+    """The ``--debug`` flag :func:`run_main` honours."""
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (default: one line)")
+
+
+def run_main(prog: str, main: Callable[[list[str]], int],
+             argv: Sequence[str] | None = None) -> int:
+    """``main(argv)``, with any error (not a usage error, which argparse reports itself) as
+    one line ``prog: error: Type: message`` on stderr and exit status 2; with ``--debug`` in
+    ``argv`` the error propagates with its traceback."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return main(argv)
+    except Exception as exc:
+        if "--debug" in argv:
+            raise
+        message = " ".join(str(exc).split()) or "(no message)"
+        print(f"{prog}: error: {type(exc).__name__}: {message}", file=sys.stderr)
+        return 2
 
 
 def _pairs(parser: argparse.ArgumentParser, rest: list[str]) -> list[tuple[str, str]]:

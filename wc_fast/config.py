@@ -338,6 +338,12 @@ class TrainConfig:
     counted; this many in a row stop the run with an error, after a checkpoint of the last good
     state.
 
+    ``max_update_ratio``: an optimizer step whose change of the trained weights has a norm
+    above this multiple of their norm before it (both over all trained weights), or that leaves
+    a weight NaN or inf, is undone and counted as a skipped update like a NaN one (a finite
+    blow-up, e.g. a far too large ``optim.lr``, instead of checkpointed as healthy). 0 = off:
+    the guard keeps one copy of the trained weights while each step is checked.
+
     ``update``: the policy update. ``nft`` is WorldCompass's negative-aware fine-tuning of the
     kept candidates (section ``nft``); ``flow_grpo`` the Flow-GRPO / DanceGRPO update of every
     candidate at its recorded SDE steps (section ``grpo``).
@@ -362,6 +368,7 @@ class TrainConfig:
     eval_sequences: int = 8
     eval_clips: int = 3
     max_bad_updates: int = 3
+    max_update_ratio: float = 1.0
     loggers: tuple[str, ...] = ("jsonl",)
     update: Update = "nft"
 
@@ -725,23 +732,77 @@ def _is_item(value: object, kind: object) -> bool:
 
 def _check_types(cfg: Config) -> None:
     for name in SECTIONS:
-        section = getattr(cfg, name)
-        for key, kind in _section_types(section).items():
-            value = getattr(section, key)
-            path = f"{name}.{key}"
-            if typing.get_origin(kind) is Literal:
-                _choices(path, value, typing.get_args(kind))
-                continue
-            if typing.get_origin(kind) is tuple:
-                ok = isinstance(value, tuple) and all(_is_item(v, kind) for v in value)
-            elif kind is float:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
-                    and math.isfinite(value)
-            elif kind is int:
-                ok = isinstance(value, int) and not isinstance(value, bool)
-            else:
-                ok = isinstance(value, kind if isinstance(kind, type) else object)
-            _require(ok, path, f"of type {getattr(kind, '__name__', kind)}", value)
+        _check_section_types(name, getattr(cfg, name))
+
+
+def _check_section_types(name: str, section: object) -> None:
+    for key, kind in _section_types(section).items():
+        value = getattr(section, key)
+        path = f"{name}.{key}"
+        if typing.get_origin(kind) is Literal:
+            _choices(path, value, typing.get_args(kind))
+            continue
+        if typing.get_origin(kind) is tuple:
+            ok = isinstance(value, tuple) and all(_is_item(v, kind) for v in value)
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, kind if isinstance(kind, type) else object)
+        _require(ok, path, f"of type {getattr(kind, '__name__', kind)}", value)
+
+
+def validate_model(m: ModelConfig) -> None:
+    """Raise ``ValueError`` naming the field for an impossible model (also one read from a
+    model card or a checkpoint, before it is built)."""
+    _check_section_types("model", m)
+    for path, value in (("model.resolution", m.resolution), ("model.channels", m.channels),
+                        ("model.clip_frames", m.clip_frames), ("model.patch", m.patch),
+                        ("model.dim", m.dim), ("model.depth", m.depth),
+                        ("model.heads", m.heads)):
+        _require(value >= 1, path, "an integer >= 1", value)
+    _require(m.resolution % m.patch == 0, "model.resolution",
+             f"a multiple of model.patch={m.patch}", m.resolution)
+    _require(m.dim % m.heads == 0, "model.dim", f"a multiple of model.heads={m.heads}", m.dim)
+    _require(0.0 <= m.context_sigma < 1.0, "model.context_sigma", "in [0, 1)", m.context_sigma)
+
+
+# the memory a config may ask of one rank before validation refuses it as a mistake: more than
+# any single machine holds, so a real run is never refused
+MAX_GIB_PER_RANK = 1024
+# fp32 copies of each trained weight a tiny-backbone run holds: current and old model, the
+# gradient and two optimizer moments
+_WEIGHT_COPIES = 5
+
+
+def memory_estimate(cfg: Config) -> dict[str, float]:
+    """A lower bound of the GiB one rank holds, by what holds it: ``weights`` (the embedded
+    model's ``12 dim^2`` weights per block, in every copy a run keeps; 0 for a Wan backbone,
+    sized by its files) and ``rollout`` (the fp32 frames of every candidate of every group of
+    the rank, over all clips)."""
+    m, ro = cfg.model, cfg.rollout
+    weights = 12 * m.dim ** 2 * m.depth * _WEIGHT_COPIES * 4 if m.backbone == "tiny" else 0
+    frames = (ro.groups_per_rank * ro.group_size * ro.num_clips * m.clip_frames * m.channels
+              * m.resolution ** 2 * 4)
+    return {"weights": weights / 2**30, "rollout": frames / 2**30}
+
+
+def _validate_sizes(cfg: Config) -> None:
+    """Refuse sizes no machine could hold (a typo like ``rollout.group_size 1e8``), saying how
+    much memory they would need."""
+    need = memory_estimate(cfg)
+    total = sum(need.values())
+    if total > MAX_GIB_PER_RANK:
+        raise ValueError(
+            f"config sizes need at least {total:,.0f} GiB per rank, over the "
+            f"{MAX_GIB_PER_RANK} GiB validation accepts: the rollout's frames "
+            f"(rollout.groups_per_rank x rollout.group_size x rollout.num_clips x "
+            f"model.clip_frames x model.channels x model.resolution^2 x 4 bytes) "
+            f"{need['rollout']:,.1f} GiB, the weights in {_WEIGHT_COPIES} fp32 copies "
+            f"(12 x model.dim^2 x model.depth) {need['weights']:,.1f} GiB; lower the "
+            "field that is too large")
 
 
 def _choices(path: str, value: object, options: tuple[str, ...]) -> None:
@@ -833,11 +894,8 @@ def validate(cfg: Config) -> None:
     _check_types(cfg)
     m, ro, rw, nf, op, em, tr = (cfg.model, cfg.rollout, cfg.reward, cfg.nft, cfg.optim,
                                  cfg.ema, cfg.train)
-    for path, value in (("model.resolution", m.resolution), ("model.channels", m.channels),
-                        ("model.clip_frames", m.clip_frames), ("model.patch", m.patch),
-                        ("model.dim", m.dim), ("model.depth", m.depth),
-                        ("model.heads", m.heads), ("rollout.groups_per_rank",
-                                                   ro.groups_per_rank),
+    validate_model(m)
+    for path, value in (("rollout.groups_per_rank", ro.groups_per_rank),
                         ("rollout.num_clips", ro.num_clips), ("rollout.steps", ro.steps),
                         ("reward.vq_stride", rw.vq_stride), ("train.steps", tr.steps),
                         ("train.ckpt_every", tr.ckpt_every),
@@ -845,12 +903,9 @@ def validate(cfg: Config) -> None:
                         ("train.max_bad_updates", tr.max_bad_updates),
                         ("optim.updates_per_iteration", op.updates_per_iteration)):
         _require(value >= 1, path, "an integer >= 1", value)
-    _require(m.resolution % m.patch == 0, "model.resolution",
-             f"a multiple of model.patch={m.patch}", m.resolution)
-    _require(m.dim % m.heads == 0, "model.dim", f"a multiple of model.heads={m.heads}", m.dim)
-    _require(0.0 <= m.context_sigma < 1.0, "model.context_sigma", "in [0, 1)", m.context_sigma)
     _validate_backbone(cfg)
     _require(ro.group_size >= 2, "rollout.group_size", "an integer >= 2", ro.group_size)
+    _validate_sizes(cfg)
     _require(ro.shift > 0, "rollout.shift", "> 0", ro.shift)
     _require(0.0 <= ro.sde_noise <= 1.0, "rollout.sde_noise", "in [0, 1]", ro.sde_noise)
     _require(0.0 <= ro.composite_fraction <= 1.0, "rollout.composite_fraction", "in [0, 1]",
@@ -930,6 +985,8 @@ def validate(cfg: Config) -> None:
     _require(tr.eval_sequences >= 1, "train.eval_sequences", "an integer >= 1",
              tr.eval_sequences)
     _require(tr.eval_clips >= 1, "train.eval_clips", "an integer >= 1", tr.eval_clips)
+    _require(tr.max_update_ratio >= 0, "train.max_update_ratio", ">= 0 (0 = off)",
+             tr.max_update_ratio)
     _require("jsonl" in tr.loggers and set(tr.loggers) <= set(LOGGERS)
              and len(set(tr.loggers)) == len(tr.loggers), "train.loggers",
              f"distinct names from {LOGGERS} including 'jsonl'", tr.loggers)

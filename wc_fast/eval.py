@@ -31,11 +31,13 @@ from tqdm import tqdm
 
 from wc_fast import config as config_lib
 from wc_fast.actions import describe, num_primitives, split_action
+from wc_fast.cli import add_debug, run_main
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import load_critic, load_estimator, vq_scores
 from wc_fast.rewards.interaction import action_accuracy
 from wc_fast.rollout import generate_history
+from wc_fast.run_dir import check_writable_file
 from wc_fast.runtime import generator, resolve_device
 from wc_fast.sampler import ClipSampler
 from wc_fast.world import sample_sequences
@@ -246,9 +248,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="sampler steps")
     parser.add_argument("--seed", type=int, default=EVAL_SEED)
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    add_debug(parser)
     args = parser.parse_args(argv)
     if args.sequences < 1 or args.clips < 1:
         parser.error("--sequences and --clips must be >= 1")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    for flag, path in (("--json", args.json), ("--grid", args.grid)):
+        if path:  # an unwritable path fails now, not after the whole evaluation
+            check_writable_file(path, flag)
     device = resolve_device(args.device)
     model = load_checkpoint_model(args.checkpoint, device)
     overrides = {"sequences": args.sequences, "clips": args.clips, "seed": args.seed}
@@ -270,4 +278,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main("python -m wc_fast.eval", main))

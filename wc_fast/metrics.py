@@ -7,12 +7,15 @@ import json
 import netrc
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
 
 import torch
+
+from wc_fast.checkpoint import write_atomic
 
 # The TensorBoard / W&B tag of each metrics.jsonl key, in torchtitan's naming, and the factor
 # its value is multiplied by (the row's mfu is a fraction, its tag a percentage). Keys not
@@ -164,7 +167,13 @@ class WandbLog:
 
 class MetricsLog:
     """Appends JSON rows (and their scalars to each of ``trackers``); on resume keeps only rows
-    up to the resumed step."""
+    up to the resumed step.
+
+    The file is rewritten atomically (a synced temporary renamed over it) when the log opens,
+    so a crash then leaves the old rows or the kept ones. A last line torn by a crash or a full
+    disk mid-append is dropped with a warning; any other unreadable line raises ``ValueError``
+    naming the file and line.
+    """
 
     def __init__(self, path: str | Path, *, resume_step: int | None = None,
                  trackers: Sequence[Tracker] = ()) -> None:
@@ -172,13 +181,32 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         rows = self.read() if resume_step is not None else []
         self.rows = [r for r in rows if r["step"] <= (resume_step or 0)]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.rows).encode())
         self.trackers = list(trackers)
 
     def read(self) -> list[dict]:
+        """The rows of the file (none when it is absent)."""
         if not self.path.is_file():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+        lines = self.path.read_bytes().split(b"\n")
+        last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
+        rows = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                    raise ValueError("not a row with an integer 'step'")
+            except (ValueError, UnicodeDecodeError) as exc:
+                if number == last:
+                    warnings.warn(f"{self.path}: dropping its torn last line {number} (a run "
+                                  f"stopped mid-write): {line[:80]!r}", stacklevel=2)
+                    continue
+                raise ValueError(f"{self.path} line {number} is not a metrics row: {exc}; "
+                                 "repair or remove that line") from exc
+            rows.append(row)
+        return rows
 
     def append(self, row: dict) -> None:
         self.rows.append(row)
@@ -211,8 +239,8 @@ def _running_mean(values: list[float], window: int) -> list[float]:
 
 
 def plot_rewards(rows: list[dict], path: str | Path) -> Path | None:
-    """Reward curves like the WorldCompass paper's Figure 2: IF and VQ per iteration, the loss,
-    and the motion spread of basic and composite groups."""
+    """Reward curves like the WorldCompass paper's Figure 2: IF and VQ per iteration, the loss
+    (where an update was made), and the motion spread of basic and composite groups."""
     if not rows:
         return None
     import matplotlib
@@ -220,12 +248,13 @@ def plot_rewards(rows: list[dict], path: str | Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r["step"] for r in rows]
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.2))
     for ax, key, title in zip(axes[:3], ("if_mean", "vq_mean", "loss"),
                               ("interaction following (IF)", "visual quality (VQ)", "NFT loss"),
                               strict=True):
-        values = [r[key] for r in rows]
+        # an iteration whose every update was skipped logs no loss (null)
+        steps = [r["step"] for r in rows if r[key] is not None]
+        values = [r[key] for r in rows if r[key] is not None]
         ax.plot(steps, values, color="0.75", linewidth=1)
         ax.plot(steps, _running_mean(values, max(1, len(values) // 10)), linewidth=2)
         ax.set_title(title)

@@ -25,10 +25,11 @@ from tqdm import tqdm
 
 from wc_fast import checkpoint
 from wc_fast import config as config_lib
-from wc_fast.cli import parse_run_args
+from wc_fast.cli import RunArgs, parse_run_args, run_main
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.motion_latent import LATENTS, factor_latents, with_latents
 from wc_fast.models.pretrained import export_world_model, load_world_model
+from wc_fast.run_dir import RunLock, check_writable_dir, claim
 from wc_fast.runtime import generator, resolve_device, stream_seed
 from wc_fast.sampler import time_shift
 from wc_fast.world import Clips, batch_seed, sample_sequences
@@ -166,8 +167,17 @@ def held_out_losses(models: dict[str, TinyWorldDiT], batch: Clips, cfg: config_l
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Check and lock ``pretrain.out`` (:mod:`wc_fast.run_dir`), then pretrain in it."""
     run = parse_run_args("python -m wc_fast.pretrain", "Pretrain the embedded world model.",
                          argv, steps_field="pretrain.steps", out_field="pretrain.out")
+    resolve_device(run.config.train.device)
+    out = check_writable_dir(run.config.pretrain.out, "pretrain.out")
+    with RunLock(out):
+        claim(out, resume=run.resume, overwrite=run.overwrite)
+        return _pretrain(run)
+
+
+def _pretrain(run: RunArgs) -> int:
     cfg, pt = run.config, run.config.pretrain
     device = resolve_device(cfg.train.device)
     out = Path(pt.out)
@@ -180,14 +190,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   weight_decay=pt.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, pt.warmup))
-    start, log = 0, []
+    start, log, run_id = 0, [], checkpoint.new_run_id()
     if run.resume:
-        ckpt = checkpoint.load_latest_intact(out, models={"model": model, "ema": ema})
-        diffs = checkpoint.config_mismatch(ckpt.config, config_lib.to_dict(cfg),
-                                           ignore=RESUMABLE_CHANGES)
-        if diffs:
-            raise checkpoint.CheckpointError("cannot resume with another config: "
-                                             + "; ".join(diffs))
+        ckpt = checkpoint.load_latest_intact(out, models={"model": model, "ema": ema},
+                                             required_state=("optimizer", "schedule", "log"),
+                                             config=config_lib.to_dict(cfg),
+                                             ignore=RESUMABLE_CHANGES)
+        run_id = ckpt.run_id
         optimizer.load_state_dict(ckpt.state["optimizer"])
         schedule.load_state_dict(ckpt.state["schedule"])
         start, log = ckpt.step, ckpt.state["log"]
@@ -224,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             checkpoint.save(out, step + 1, models={"model": model, "ema": ema},
                             config=config_lib.to_dict(cfg), keep_last=pt.keep_last,
                             state={"optimizer": optimizer.state_dict(),
-                                   "schedule": schedule.state_dict(), "log": log})
+                                   "schedule": schedule.state_dict(), "log": log},
+                            run_id=run_id)
         if out_of_time:
             bar.write(f"pretrain.max_minutes={pt.max_minutes} spent: stopping at step {last}")
             break
@@ -243,4 +253,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main("python -m wc_fast.pretrain", main))

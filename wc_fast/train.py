@@ -3,11 +3,13 @@
 On a CPU machine the default preset (``cpu``) post-trains the shipped embedded world model in
 minutes; under ``torchrun`` groups are split across ranks (gloo on CPU, NCCL on GPU). Writes
 ``metrics.jsonl``, ``rewards.png``, checkpoints and, at the end, a base-vs-trained evaluation
-table, ``summary.json`` and a rollout grid into ``--out``.
+table, ``summary.json`` and a rollout grid into ``--out``, which it checks and locks
+(:mod:`wc_fast.run_dir`) before any setup.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -21,7 +23,7 @@ from tqdm import tqdm
 
 from wc_fast import checkpoint
 from wc_fast import config as config_lib
-from wc_fast.cli import parse_run_args
+from wc_fast.cli import RunArgs, parse_run_args, run_main
 from wc_fast.distributed import (
     DistInfo,
     init_from_env,
@@ -46,6 +48,7 @@ from wc_fast.models.pretrained import (
     load_worldplay_world_model,
 )
 from wc_fast.preemption import EXIT_PREEMPTED, StopRequest
+from wc_fast.run_dir import RunLock, check_writable_dir, claim
 from wc_fast.runtime import resolve_device
 from wc_fast.telemetry import GpuTelemetry
 from wc_fast.trainer import NumericalFaultError, Trainer
@@ -55,6 +58,7 @@ from wc_fast.trainer import NumericalFaultError, Trainer
 RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last",
                      "train.eval_at_end", "train.device", "train.eval_sequences",
                      "train.eval_clips", "train.steps", "train.max_bad_updates",
+                     "train.max_update_ratio",
                      "train.loggers", "rollout.capture", "nft.micro_batch",
                      "model.activation_checkpointing")
 # model fields that are choices of a run, not properties of the weights it starts from
@@ -108,9 +112,10 @@ def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
 
 
 def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool,
-          tracking: dict) -> Path:
-    """Rank 0 writes the checkpoint, with the trackers' resume state ``tracking``; under FSDP2
-    every rank first helps gather it. Returns its path (on every rank)."""
+          tracking: dict, run_id: str | None) -> Path:
+    """Rank 0 writes the checkpoint of run ``run_id`` (its lineage), with the trackers' resume
+    state ``tracking``; under FSDP2 every rank first helps gather it. Returns its path (on
+    every rank)."""
     path = Path(cfg.train.out) / f"{checkpoint.PREFIX}{step:08d}"
     if not (is_main or trainer.sharded):
         return path
@@ -119,7 +124,8 @@ def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool,
              "schedule_steps": trainer.schedule_steps, **tracking}
     if is_main:
         checkpoint.save(cfg.train.out, step, models=models, config=config_lib.to_dict(cfg),
-                        keep_last=cfg.train.keep_last, state=state, base=trainer.frozen_base)
+                        keep_last=cfg.train.keep_last, state=state, base=trainer.frozen_base,
+                        run_id=run_id)
     return path
 
 
@@ -142,14 +148,14 @@ def _schedule_steps(ckpt: checkpoint.Checkpoint, cfg: config_lib.Config) -> int:
 
 
 def _resume(trainer: Trainer, cfg: config_lib.Config) -> checkpoint.Checkpoint:
+    """Load the newest intact checkpoint of ``train.out`` into ``trainer``; one of another
+    config raises :class:`~wc_fast.checkpoint.ConfigMismatchError` naming the fields."""
     ckpt = checkpoint.load_latest_intact(cfg.train.out,
                                          models={"model": trainer.model, "old": trainer.old},
-                                         base=trainer.frozen_base)
-    diffs = checkpoint.config_mismatch(ckpt.config, config_lib.to_dict(cfg),
-                                       ignore=RESUMABLE_CHANGES)
-    if diffs:
-        raise checkpoint.CheckpointError(f"checkpoint {ckpt.path} was written with another "
-                                         "config: " + "; ".join(diffs))
+                                         base=trainer.frozen_base,
+                                         required_state=("optimizers",),
+                                         config=config_lib.to_dict(cfg),
+                                         ignore=RESUMABLE_CHANGES)
     load_optimizer_state(trainer.model, trainer.optimizers, ckpt.state["optimizers"])
     trainer.schedule_steps = _schedule_steps(ckpt, cfg)
     return ckpt
@@ -171,9 +177,10 @@ def _open_log(cfg: config_lib.Config, resumed: checkpoint.Checkpoint | None) -> 
 
 
 def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
-          log: MetricsLog | None, stop: StopRequest, console: Console) -> bool:
-    """Iterations ``start .. train.steps`` with their checkpoints; returns whether a stop
-    signal ended them early. Raises :class:`NumericalFaultError` after
+          log: MetricsLog | None, stop: StopRequest, console: Console,
+          run_id: str | None) -> bool:
+    """Iterations ``start .. train.steps`` with their checkpoints (of run ``run_id``); returns
+    whether a stop signal ended them early. Raises :class:`NumericalFaultError` after
     ``train.max_bad_updates`` consecutive skipped updates, once the state is checkpointed."""
     out = Path(cfg.train.out)
     telemetry = GpuTelemetry(trainer.device.index or 0)
@@ -195,13 +202,14 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
         if (faulted or stopping or (step + 1) % cfg.train.ckpt_every == 0
                 or step + 1 == cfg.train.steps):
             path = _save(trainer, cfg, step + 1, info.is_main,
-                         {} if log is None else log.state())
+                         {} if log is None else log.state(), run_id)
             if log is not None and (plot := plot_rewards(log.rows, out / "rewards.png")):
                 log.image("plots/rewards", plot, step + 1)
         if faulted:
             bar.close()
             raise NumericalFaultError(
-                f"{trainer.bad_streak} consecutive updates had a NaN or inf loss or gradient "
+                f"{trainer.bad_streak} consecutive updates had a NaN or inf loss or gradient, "
+                "or an update too large for the weights (train.max_update_ratio) "
                 f"(train.max_bad_updates={cfg.train.max_bad_updates}); stopped after iteration "
                 f"{step + 1}. {path} holds the weights of the last good update")
         if stopping:
@@ -240,12 +248,26 @@ def summary(cfg: config_lib.Config, trained: TinyWorldDiT, device: torch.device,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The run; errors raise (``python -m wc_fast.train`` reports them in one line)."""
     run = parse_run_args("python -m wc_fast.train", "WorldCompass RL post-training.", argv)
     cfg = run.config
     device = resolve_device(cfg.train.device)
+    out = check_writable_dir(cfg.train.out, "train.out")
     info = init_from_env(device.type)
     if device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
+    # rank 0 writes the directory, so it alone holds the lock
+    with RunLock(out) if info.is_main else contextlib.nullcontext():
+        if info.is_main:
+            claim(out, resume=run.resume, overwrite=run.overwrite)
+        if run.resume:  # another config fails now, not after the models are built
+            checkpoint.check_resumable(out, config_lib.to_dict(cfg), RESUMABLE_CHANGES)
+        return _run(run, device, info)
+
+
+def _run(run: RunArgs, device: torch.device, info: DistInfo) -> int:
+    """Set up, resume if asked, train, summarise (under the directory's lock)."""
+    cfg = run.config
     console = Console(quiet=not info.is_main)
     console.print(f"wc_fast.train: preset {cfg.preset}, {info.world_size} rank(s) on "
                   f"{device.type}; {GpuTelemetry(device.index or 0).status}")
@@ -258,10 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "runs it eagerly)")
     resumed = _resume(trainer, cfg) if run.resume else None
     start = 0 if resumed is None else resumed.step
+    run_id = checkpoint.new_run_id() if resumed is None else resumed.run_id
     out = Path(cfg.train.out)
     log = _open_log(cfg, resumed) if info.is_main else None
     with StopRequest() as stop:
-        preempted = _loop(trainer, cfg, info, start, log, stop, console)
+        preempted = _loop(trainer, cfg, info, start, log, stop, console, run_id)
     if preempted:
         if log is not None:
             log.close()
@@ -271,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         skipped = sum(r["skipped_groups"] for r in log.rows)
         bad = sum(r.get("skipped_updates", 0) for r in log.rows)
         console.print(f"done: {len(log.rows)} iterations, {skipped} all-equal groups skipped, "
-                      f"{bad} updates skipped for NaN/inf, reward curves in "
+                      f"{bad} updates skipped (NaN/inf or too large), reward curves in "
                       f"{out / 'rewards.png'}")
     if cfg.train.eval_at_end:
         trained = trainer.unsharded_model()
@@ -284,4 +307,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main("python -m wc_fast.train", main))

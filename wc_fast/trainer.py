@@ -90,7 +90,7 @@ class IterationStats:
     if_mean: float
     vq_mean: float
     r_std: float
-    loss: float
+    loss: float | None
     skipped_groups: int
     ema_decay: float
     skipped_updates: int = 0
@@ -355,8 +355,9 @@ class Trainer:
     def update(self, step: int, groups: list[GroupRollout], r: Tensor, adv: Tensor
                ) -> tuple[float, int, float, int]:
         """NFT updates of the current model on the kept candidates, or GRPO updates on every
-        candidate; returns (mean loss, skipped groups, FLOPs, updates skipped for a NaN or inf
-        loss or gradient)."""
+        candidate; returns (mean loss of the updates made, ``None`` when every one was skipped;
+        skipped groups; FLOPs; updates skipped for a NaN or inf loss or gradient or by
+        :meth:`_guarded_step`)."""
         c = self.cfg
         kept = self._kept(step, adv)
         flat = (adv == 0).all(dim=1)
@@ -384,13 +385,15 @@ class Trainer:
                 bad += 1
                 self.bad_streak += 1
                 continue
-            self.bad_streak = 0
             if c.optim.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.optim.grad_clip)
-            for opt in self.optimizers:
-                opt.step()
+            if not self._guarded_step():
+                bad += 1
+                self.bad_streak += 1
+                continue
+            self.bad_streak = 0
             losses.append(self._global_sum(loss_sum))
-        loss = sum(losses) / len(losses) if losses else 0.0
+        loss = sum(losses) / len(losses) if losses else (None if bad else 0.0)
         return loss, int(self._global_sum(float(flat.sum()))), flops, bad
 
     def update_old_model(self, step: int) -> float:
@@ -407,6 +410,39 @@ class Trainer:
         em = self.cfg.ema
         return ema_decay(step, self.schedule_steps, start=em.start, end=em.end,
                          schedule=em.schedule)
+
+    def _guarded_step(self) -> bool:
+        """One step of every optimizer; undone (returns ``False``) when it changes the trained
+        weights by a norm above ``train.max_update_ratio`` times theirs or leaves one NaN or
+        inf (the norms over every rank's weights, so every rank decides alike). Keeps a copy of
+        the trained weights during the step unless the guard is off (ratio 0)."""
+        ratio = self.cfg.train.max_update_ratio
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        before = [p.detach().clone() for p in params] if ratio > 0 and params else None
+        for opt in self.optimizers:
+            opt.step()
+        if before is None:
+            return True
+
+        def local(t: Tensor) -> Tensor:
+            return t.to_local() if isinstance(t, DTensor) else t
+
+        with torch.no_grad():  # fp32 norms: one that overflows is too large anyway
+            change = torch.stack([torch.linalg.vector_norm(local(p) - local(b))
+                                  for p, b in zip(params, before, strict=True)])
+            old = torch.stack([torch.linalg.vector_norm(local(b)) for b in before])
+            new = torch.stack([torch.linalg.vector_norm(local(p)) for p in params])
+            # squared norms summed over ranks (a replicated weight counts once per rank in
+            # both norms, which leaves their ratio unchanged)
+            change2, old2, new2 = (self._global_sum(float(n.double().square().sum()))
+                                   for n in (change, old, new))
+        healthy = math.isfinite(change2) and math.isfinite(new2) and (
+            old2 == 0 or math.sqrt(change2) <= ratio * math.sqrt(old2))
+        if not healthy:
+            with torch.no_grad():
+                for p, b in zip(params, before, strict=True):
+                    p.copy_(b)
+        return healthy
 
     def _nonfinite(self, loss_sum: float) -> bool:
         """Whether this update's loss or any gradient is NaN or inf on any rank (every rank

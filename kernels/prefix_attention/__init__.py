@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -74,6 +76,27 @@ def _check_inputs(q, k, v, prefix_k, prefix_v) -> None:
         raise ValueError("prefix_attention needs at least one key: L_k + P must be > 0")
 
 
+def _check_scale(scale: object) -> float | None:
+    """``scale`` as a float (``None`` stays ``None``: the default ``D ** -0.5``); a NaN or inf
+    scale would give NaN on some backends and finite garbage on others, so it is refused."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"prefix_attention: scale must be a float or None, got "
+                        f"{type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"prefix_attention: scale must be finite, got {scale}")
+    return float(scale)
+
+
+def _no_rows(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor) -> Tensor:
+    """The output ``[B, H, L, D]`` when ``B * L == 0`` (no query row): empty, of ``q``'s shape,
+    with a zero gradient to every input. No backend is called: some divide by the row count
+    (the native CPU attention of ``split`` dies with SIGFPE on it)."""
+    keys = k.sum() + v.sum() + prefix_k.sum() + prefix_v.sum()
+    return q * 0 + keys * 0
+
+
 def _candidates(q: Tensor, backend: str) -> tuple[str, ...]:
     """Backends that can take ``q``'s dtype and head dim; raises if ``backend`` cannot."""
     def fits(name: str) -> bool:
@@ -112,12 +135,17 @@ def prefix_attention(
     Every backend but ``reference`` keeps a single copy of the prefix. ``triton`` takes
     fp16/bf16/fp32 with ``D <= 128``, ``flash_attn`` fp16/bf16 with ``D <= 256``, ``xformers``
     fp16/bf16/fp32, ``flex`` on CUDA ``D >= 16`` (``auto`` passes over a backend that cannot
-    take the input; naming one raises). The optional ``flash_attn`` and ``xformers`` backends
+    take the input; naming one raises). With no query row (``B = 0`` or ``L = 0``) every
+    backend returns the empty ``[B, H, L, D]``; a NaN or inf ``scale`` raises ``ValueError``.
+    The optional ``flash_attn`` and ``xformers`` backends
     run on CUDA when their library is installed and are chosen by name only.
     """
     _check_inputs(q, k, v, prefix_k, prefix_v)
+    scale = _check_scale(scale)
     chosen = resolve("prefix_attention", backend, q.device, _candidates(q, backend))
+    if q.shape[0] * q.shape[2] == 0:
+        return _no_rows(q, k, v, prefix_k, prefix_v)
     if chosen == "reference":
         return naive.prefix_attention(q, k, v, prefix_k, prefix_v, scale=scale)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _FAST[chosen](q, k, v, prefix_k, prefix_v, scale)

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from torch.optim.swa_utils import AveragedModel
 
 from wc_fast import checkpoint
-from wc_fast.config import ModelConfig, from_dict
+from wc_fast.config import ModelConfig, from_dict, validate_model
 from wc_fast.models.lora import import_peft
 from wc_fast.models.protocol import FrameCodec, PixelFrames
 from wc_fast.models.tiny_dit import DTYPES, TinyWorldDiT
@@ -32,7 +32,8 @@ def load_world_model(weights: str | Path = BASE_WEIGHTS, *, device: torch.device
                      ) -> TinyWorldDiT:
     """A :class:`TinyWorldDiT` from ``weights`` (``.safetensors`` with a ``.json`` card beside).
 
-    The card holds the model config. Missing files raise ``FileNotFoundError`` naming the path
+    The card holds the model config, validated before the model is built (``ValueError``
+    naming the card and the field). Missing files raise ``FileNotFoundError`` naming the path
     and the command that produces them.
     """
     weights = Path(weights)
@@ -42,12 +43,47 @@ def load_world_model(weights: str | Path = BASE_WEIGHTS, *, device: torch.device
             raise FileNotFoundError(f"world model file {path} not found; train one with "
                                     "`python -m wc_fast.pretrain` (it exports "
                                     "<out>/base_model.safetensors and .json)")
-    card = json.loads(card_path.read_text())
-    # JSON gives the config's tuples back as lists
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in card["model"].items()}
-    model = TinyWorldDiT(ModelConfig(**fields))
+    model = TinyWorldDiT(_card_model(card_path))
     model.load_state_dict(load_file(weights))
     return model.to(device).eval()
+
+
+def _card_model(card_path: Path) -> ModelConfig:
+    """The model config of a model card: ``ValueError`` naming the card for malformed JSON, a
+    missing ``model`` object, an unknown field or an impossible value."""
+    try:
+        card = json.loads(card_path.read_text())
+        if not isinstance(card, dict) or not isinstance(card.get("model"), dict):
+            raise ValueError("it holds no 'model' object")
+        # JSON gives the config's tuples back as lists
+        fields = {k: tuple(v) if isinstance(v, list) else v for k, v in card["model"].items()}
+        unknown = sorted(set(fields) - set(ModelConfig.__slots__))
+        if unknown:
+            raise ValueError(f"unknown model fields {unknown}")
+        cfg = ModelConfig(**fields)
+        validate_model(cfg)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"model card {card_path} is invalid: {exc}") from exc
+    return cfg
+
+
+def _checkpoint_model(path: Path, meta: dict) -> ModelConfig:
+    """The model config of checkpoint ``path`` (``meta``: its verified ``meta.json``), refused
+    with ``CheckpointError`` when invalid or when its weights would not fit the files (so a
+    damaged config cannot allocate a model of any size)."""
+    try:
+        cfg = from_dict(meta["config"]).model
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise checkpoint.CheckpointError(f"checkpoint {path}: the config in meta.json is "
+                                         f"invalid: {exc}") from exc
+    with torch.device("meta"):
+        need = sum(p.numel() * 4 for p in TinyWorldDiT(cfg).parameters())
+    have = sum((path / f"{name}.safetensors").stat().st_size for name in meta["models"][:1])
+    if need > have:
+        raise checkpoint.CheckpointError(f"checkpoint {path}: meta.json's model config needs "
+                                         f"{need:,} bytes of weights, its weights file holds "
+                                         f"{have:,}: meta.json is damaged")
+    return cfg
 
 
 def export_world_model(model: TinyWorldDiT, path: str | Path, card: dict) -> Path:
@@ -71,8 +107,8 @@ def load_checkpoint_model(path: str | Path | None, device: torch.device) -> Tiny
     if path.is_dir():
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"{path} holds no meta.json: not a wc_fast checkpoint")
-        meta = json.loads((path / "meta.json").read_text())
-        model = TinyWorldDiT(from_dict(meta["config"]).model).to(device)
+        meta = checkpoint.verify(path)  # hashes and meta.json's shape, before anything is built
+        model = TinyWorldDiT(_checkpoint_model(path, meta)).to(device)
         if "ema" in meta["models"]:
             ema = AveragedModel(model, use_buffers=True)
             checkpoint.load(path, models={"ema": ema}, restore_rng=False)
