@@ -120,7 +120,8 @@ TABLE1_ROW = "recipe"
 # the shipped models an evaluation reads (asset names in wc_fast/assets)
 SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic_eval")
 # config fields added after the study began, with the value that reproduces the cached runs
-# (the update guard at its default never fired in them: their updates are far below it)
+# (the update guard acts only on an update larger than the weights it changes, which none of
+# the cached runs made)
 FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio": 1.0}
 # each family's full row, the prefix of its ablations' names, and its name in the doc
 FAMILIES = (("recipe", "recipe_", "default recipe"), ("full", "", "paper recipe"))

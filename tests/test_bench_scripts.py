@@ -3,6 +3,7 @@ not asserted: speed is measured by running the scripts, not in tests)."""
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -335,9 +336,13 @@ def test_replicate_names_caches_by_evaluation_assets_and_training_config(monkeyp
     first = replicate.evaluation_id(2, 3)
     assert len(first) == 8 and int(first, 16) >= 0
     assert replicate.evaluation_id(2, 4) != first  # the evaluation size is part of it
-    (tmp_path / "critic_eval.safetensors").write_bytes(b"other weights")
+    for name in replicate.SCORED_ASSETS:
+        shutil.copy(replicate.ASSETS / f"{name}.safetensors", tmp_path)
     monkeypatch.setattr(replicate, "ASSETS", tmp_path)
-    assert replicate.evaluation_id(2, 3) != first  # so is every shipped model
+    (tmp_path / "another_base_model.safetensors").write_bytes(b"a model it does not read")
+    assert replicate.evaluation_id(2, 3) == first
+    (tmp_path / "critic_eval.safetensors").write_bytes(b"other weights")
+    assert replicate.evaluation_id(2, 3) != first  # so is every shipped model it reads
     recipe = replicate.training_id("recipe", 0, None)
     assert replicate.training_id("recipe", 1, None) != recipe
     assert replicate.training_id("recipe_if_only", 0, None) != recipe
