@@ -19,8 +19,10 @@ Beside them, measures no compared model was fitted to (:mod:`wc_fast.evaluation`
 as above, ``fit_accuracy`` (a classical camera fit's action accuracy), ``psnr`` and ``ssim``
 against the true render of the same frames, ``rot_err_deg`` and ``trans_err`` (the fit's
 per-frame relative pose error against the true camera path), ``frechet`` (generated vs true
-renders on 4x4-pooled pixels) and ``frechet_floor`` (true renders vs an independent draw of
-true renders of the set, seed ``set seed + FLOOR_SEED_OFFSET``). ``result[set]["per_sequence"]``
+renders on 4x4-pooled pixels), and the floors ``psnr_floor``, ``ssim_floor`` and
+``frechet_floor``: the same measures of true renders of the same commands at other key-press
+speeds (drawn from ``set seed + FLOOR_SEED_OFFSET``; :mod:`wc_fast.evaluation.floor`), what a
+model that follows every command perfectly would score. ``result[set]["per_sequence"]``
 holds every per-clip value ``[n, N]`` for paired bootstrap intervals
 (:func:`wc_fast.evaluation.paired_bootstrap`); ``result["ground_truth"][set]`` the same fit on
 the true renders. ``--save-frames DIR`` writes ``DIR/<set>.npz`` with the keys
@@ -32,7 +34,6 @@ the true renders. ``--save-frames DIR`` writes ``DIR/<set>.npz`` with the keys
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from collections.abc import Sequence
@@ -55,6 +56,8 @@ from wc_fast.evaluation import (
     save_set,
     summarize_truth,
 )
+from wc_fast.evaluation.floor import draw_motion_factors, render_sequences
+from wc_fast.evaluation.report import frame_distances
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import load_critic, load_estimator, vq_scores
@@ -70,7 +73,7 @@ KINDS = {"basic": (0.0, (2, 3, 4)), "composite": (1.0, (2, 3, 4)),
 EVAL_SEED = 900_001
 # Evaluation seeds no design choice has seen: only for final tables (docs/replication.md).
 FINAL_EVAL_SEED = 7_700_001
-FLOOR_SEED_OFFSET = 1000  # the true-render draw a set's Fréchet floor compares against
+FLOOR_SEED_OFFSET = 1000  # seed offset of the other speeds the floors' true renders move at
 
 
 @dataclass(slots=True)
@@ -167,14 +170,14 @@ def evaluate(model: TinyWorldDiT, settings: EvalSettings, *, estimator=None, cri
     cfg = model.cfg
     result: dict = {"settings": {k: getattr(settings, k) for k in settings.__slots__},
                     "ground_truth": {}, "by_clip": []}
-    frames_out, fits = {}, {}
+    frames_out = {}
     thresholds = {"trans_thresholds": settings.trans_thresholds,
                   "rot_threshold_deg": settings.rot_threshold_deg}
     for k, (kind, (fraction, keys)) in enumerate(KINDS.items()):
-        draw = functools.partial(sample_sequences, settings.sequences, num_clips=settings.clips,
-                                 composite_fraction=fraction, composite_keys=keys,
-                                 clip_frames=cfg.clip_frames, resolution=cfg.resolution)
-        data = draw(seed=settings.seed + k)
+        data = sample_sequences(settings.sequences, num_clips=settings.clips,
+                                seed=settings.seed + k, composite_fraction=fraction,
+                                composite_keys=keys, clip_frames=cfg.clip_frames,
+                                resolution=cfg.resolution)
         gen = rollout_sequences(model, data.frames[:, :1], data.actions, steps=settings.steps,
                                 shift=settings.shift, seed=settings.seed + k, progress=progress)
         acc, vq = score_sequences(gen, data.actions, clip_frames=cfg.clip_frames,
@@ -183,16 +186,21 @@ def evaluate(model: TinyWorldDiT, settings: EvalSettings, *, estimator=None, cri
                                         settings=settings, estimator=estimator, critic=critic)
         clip_keys = num_primitives(data.actions[:, ::cfg.clip_frames])
         result[kind] = summarize(acc, vq, clip_keys)
-        fitted = fit_path(gen)
+        floor = render_sequences(
+            settings.seed + k, data.actions,
+            draw_motion_factors(settings.sequences, settings.clips,
+                                settings.seed + k + FLOOR_SEED_OFFSET),
+            segment_frames=cfg.clip_frames, resolution=cfg.resolution)
         per_clip = {"accuracy": acc, "vq": vq,
-                    **clip_metrics(gen, data.frames, fitted, data.c2w, data.actions,
-                                   clip_frames=cfg.clip_frames, **thresholds)}
+                    **clip_metrics(gen, data.frames, fit_path(gen), data.c2w, data.actions,
+                                   clip_frames=cfg.clip_frames, **thresholds),
+                    **{f"{name}_floor": value for name, value
+                       in frame_distances(floor, data.frames, cfg.clip_frames).items()}}
         clips = acc.shape[1]
         slices = {"all": slice(0, clips), **horizons(clips), "clip1": slice(0, 1),
                   "clips_2_on": slice(1, clips)}
-        result[kind]["metrics"] = summarize_truth(
-            per_clip, gen, data.frames, draw(seed=settings.seed + k + FLOOR_SEED_OFFSET).frames,
-            clip_frames=cfg.clip_frames, slices=slices)
+        result[kind]["metrics"] = summarize_truth(per_clip, gen, data.frames, floor,
+                                                  clip_frames=cfg.clip_frames, slices=slices)
         result[kind]["per_sequence"] = {name: v.tolist() for name, v in per_clip.items()}
         gt_fit = fit_scores(fit_path(data.frames), data.c2w, data.actions,
                             clip_frames=cfg.clip_frames, **thresholds)
@@ -202,9 +210,8 @@ def evaluate(model: TinyWorldDiT, settings: EvalSettings, *, estimator=None, cri
         result["by_clip"] += [{"set": kind, **row} for row in result[kind]["by_clip"]]
         if keep_frames:
             frames_out[kind] = (gen, data)
-            fits[kind] = fitted
     if keep_frames:
-        result["_frames"], result["_fits"] = frames_out, fits
+        result["_frames"] = frames_out
     return result
 
 
@@ -309,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     estimator = load_estimator("eval", device="cpu")
     result = evaluate(model, settings, estimator=estimator, progress=True,
                       keep_frames=args.grid is not None or args.save_frames is not None)
-    frames, fits = result.pop("_frames", None), result.pop("_fits", None)
+    frames = result.pop("_frames", None)
     print_table(result)
     print_truth_table(result, tuple(KINDS), Console())
     if args.json:
@@ -321,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.save_frames and frames:
         for kind, (gen, data) in frames.items():
             path = save_set(args.save_frames, kind, generated=gen, ground_truth=data.frames,
-                            actions=data.actions, c2w_true=data.c2w, c2w_fit=fits[kind])
+                            actions=data.actions, c2w_true=data.c2w, c2w_fit=fit_path(gen))
             print(f"wrote {path}")
     return 0
 

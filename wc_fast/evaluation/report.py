@@ -64,6 +64,18 @@ def _per_clip(values: Tensor, n: int, clips: int) -> Tensor:
     return values.reshape(n, clips, -1).mean(-1).float()
 
 
+def frame_distances(generated: Tensor, truth: Tensor, clip_frames: int) -> dict[str, Tensor]:
+    """PSNR and SSIM of ``generated`` against ``truth`` ``[n, 1 + N*F, 3, H, W]``, each the mean
+    over a clip's new frames ``[n, N]``."""
+    if generated.shape != truth.shape:
+        raise ValueError(f"generated and truth must have one shape, got "
+                         f"{tuple(generated.shape)} and {tuple(truth.shape)}")
+    n = generated.shape[0]
+    clips = (generated.shape[1] - 1) // clip_frames
+    return {"psnr": _per_clip(psnr_clamped(generated[:, 1:], truth[:, 1:]), n, clips),
+            "ssim": _per_clip(ssim(generated[:, 1:], truth[:, 1:]), n, clips)}
+
+
 def clip_metrics(generated: Tensor, truth: Tensor, c2w_fit: Tensor, c2w_true: Tensor,
                  actions: Tensor, *, clip_frames: int, trans_thresholds: Sequence[float],
                  rot_threshold_deg: float) -> dict[str, Tensor]:
@@ -75,16 +87,10 @@ def clip_metrics(generated: Tensor, truth: Tensor, c2w_fit: Tensor, c2w_true: Te
     path the world rendered, ``actions`` ``[n, N*F]``. PSNR and SSIM are means over each clip's
     new frames.
     """
-    if generated.shape != truth.shape:
-        raise ValueError(f"generated and truth must have one shape, got "
-                         f"{tuple(generated.shape)} and {tuple(truth.shape)}")
-    n = generated.shape[0]
-    clips = (generated.shape[1] - 1) // clip_frames
+    distances = frame_distances(generated, truth, clip_frames)
     scores = fit_scores(c2w_fit, c2w_true, actions, clip_frames=clip_frames,
                         trans_thresholds=trans_thresholds, rot_threshold_deg=rot_threshold_deg)
-    return {"fit_accuracy": scores["fit_accuracy"],
-            "psnr": _per_clip(psnr_clamped(generated[:, 1:], truth[:, 1:]), n, clips),
-            "ssim": _per_clip(ssim(generated[:, 1:], truth[:, 1:]), n, clips),
+    return {"fit_accuracy": scores["fit_accuracy"], **distances,
             "rot_err_deg": scores["rot_err_deg"], "trans_err": scores["trans_err"]}
 
 
@@ -101,8 +107,8 @@ def summarize_truth(per_clip: Mapping[str, Tensor], generated: Tensor, truth: Te
                     slices: Mapping[str, slice]) -> dict:
     """JSON block: every metric of ``per_clip`` (``[n, N]`` each) averaged over each named slice
     of clips and per clip, with ``frechet`` (generated vs true renders of those clips) and
-    ``frechet_floor`` (true renders vs ``floor_truth``, an independent draw of true renders of
-    the same set)."""
+    ``frechet_floor`` (``floor_truth``, true renders of the same commands at other speeds, vs
+    the true renders)."""
     clips = next(iter(per_clip.values())).shape[1]
 
     def block(sl: slice) -> dict:
@@ -119,12 +125,12 @@ def summarize_truth(per_clip: Mapping[str, Tensor], generated: Tensor, truth: Te
 
 def print_truth_table(result: dict, kinds: Sequence[str], console: Console) -> None:
     """Distance to the ground truth per set, over all clips and on clip 1 alone: accuracy
-    (evaluation estimator, classical fit, and the fit on true renders), PSNR, SSIM, camera
-    errors and the Fréchet distance beside its floor."""
+    (evaluation estimator, classical fit, and the fit on true renders), PSNR beside its floor,
+    SSIM, camera errors and the Fréchet distance beside its floor."""
     table = Table(title="distance to the ground truth (rotation error in degrees, translation "
                         "error in world units, FD: Fréchet distance on pooled pixels)")
-    columns = ("set", "clips", "est acc", "fit acc", "GT fit", "PSNR", "SSIM", "rot err",
-               "trans err", "FD", "floor")
+    columns = ("set", "clips", "est acc", "fit acc", "GT fit", "PSNR (floor)", "SSIM",
+               "rot err", "trans err", "FD (floor)")
     for col in columns:
         table.add_column(col, justify="left" if col == "set" else "right")
     for kind in kinds:
@@ -134,7 +140,8 @@ def print_truth_table(result: dict, kinds: Sequence[str], console: Console) -> N
             table.add_row(kind if label == "all" else "", label, f"{block['accuracy']:.3f}",
                           f"{block['fit_accuracy']:.3f}",
                           f"{truth['fit_accuracy']:.3f}" if label == "all" else "",
-                          f"{block['psnr']:.2f}", f"{block['ssim']:.3f}",
-                          f"{block['rot_err_deg']:.2f}", f"{block['trans_err']:.3f}",
-                          f"{block['frechet']:.2f}", f"{block['frechet_floor']:.2f}")
+                          f"{block['psnr']:.1f} ({block['psnr_floor']:.1f})",
+                          f"{block['ssim']:.3f}", f"{block['rot_err_deg']:.2f}",
+                          f"{block['trans_err']:.3f}",
+                          f"{block['frechet']:.2f} ({block['frechet_floor']:.2f})")
     console.print(table)
