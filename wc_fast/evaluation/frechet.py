@@ -10,8 +10,7 @@ between two independent samples of true renders (the floor).
 
 from __future__ import annotations
 
-import numpy as np
-import scipy.linalg
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -34,12 +33,17 @@ def frechet_distance(a: Tensor, b: Tensor) -> float:
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1] or min(len(a), len(b)) < 2:
         raise ValueError(f"features must be [M, D] with M >= 2 and one D, got "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
-    x, y = a.double().numpy(), b.double().numpy()
+    x, y = a.double(), b.double()
     mu = x.mean(0) - y.mean(0)
-    cov_x, cov_y = np.cov(x, rowvar=False), np.cov(y, rowvar=False)
-    root = scipy.linalg.sqrtm(cov_x @ cov_y)
-    value = mu @ mu + np.trace(cov_x) + np.trace(cov_y) - 2 * np.trace(np.real(root))
-    return float(max(value, 0.0))
+    cov_x = torch.cov(x.T).reshape(x.shape[1], -1)  # [D, D] also for D = 1
+    cov_y = torch.cov(y.T).reshape(y.shape[1], -1)
+    # tr((S_x S_y)^(1/2)) = sum of the square roots of the eigenvalues of the symmetric
+    # S_x^(1/2) S_y S_x^(1/2), which has the same spectrum
+    values, vectors = torch.linalg.eigh(cov_x)
+    root_x = vectors @ torch.diag(values.clamp_min(0).sqrt()) @ vectors.T
+    cross = torch.linalg.eigvalsh(root_x @ cov_y @ root_x).clamp_min(0).sqrt().sum()
+    value = mu @ mu + cov_x.trace() + cov_y.trace() - 2 * cross
+    return float(value.clamp_min(0.0))
 
 
 def frame_frechet(generated: Tensor, reference: Tensor, pool: int = POOL) -> float:
