@@ -60,3 +60,15 @@ def test_sequence_values_reads_an_eval_result():
     assert sequence_values(result, "basic", "psnr", slice(0, 1)).tolist() == [10.0, 30.0]
     with pytest.raises(KeyError, match="ssim"):
         sequence_values(result, "basic", "ssim")
+
+
+def test_final_evaluation_seeds_are_disjoint_from_every_tuning_seed():
+    """The reserved sets and their floors share no seed with the evaluation sets, their floors,
+    the evaluation critic's generations (3500-3502) or the camera fit's renders (321)."""
+    from wc_fast.eval import EVAL_SEED, FINAL_EVAL_SEED, FLOOR_SEED_OFFSET, KINDS
+
+    def seeds(base: int) -> set[int]:
+        sets = {base + k for k in range(len(KINDS))}
+        return sets | {s + FLOOR_SEED_OFFSET for s in sets}
+
+    assert seeds(FINAL_EVAL_SEED).isdisjoint(seeds(EVAL_SEED) | {3500, 3501, 3502, 321})
