@@ -311,8 +311,27 @@ def _speed_table(speed: dict) -> list[str]:
     return lines
 
 
+# Sections of the doc measured by their own commands (each names it), kept on regeneration.
+KEPT_SECTIONS = ("## The base model under distance-to-truth measures",
+                 "## Reserved evaluation seeds")
+
+
+def kept_sections(doc: Path) -> list[str]:
+    """The lines of the sections of ``doc`` headed by one of :data:`KEPT_SECTIONS`."""
+    if not doc.is_file():
+        return []
+    kept, keep = [], False
+    for line in doc.read_text().splitlines():
+        if line.startswith("## "):
+            keep = line.strip() in KEPT_SECTIONS
+        if keep:
+            kept.append(line)
+    return kept
+
+
 def write_doc(doc: Path, results: dict, command: str, settings: dict,
               speed: dict | None = None) -> None:
+    kept = kept_sections(doc)
     lines = ["# Replicating WorldCompass Tables 1 and 2 on the embedded world", "",
              f"Regenerate with `{command}` (each (row, seed) one `wc_fast.train` run and its "
              "evaluation; every number below comes from that command). Evaluation: "
@@ -334,7 +353,9 @@ def write_doc(doc: Path, results: dict, command: str, settings: dict,
         lines += [*_speed_table(speed), ""]
     lines += ["## Does the paper's ordering hold?", ""]
     lines += orderings(results)
-    doc.write_text("\n".join(lines) + "\n")
+    if kept:
+        lines += ["", *kept]
+    doc.write_text("\n".join(lines).rstrip("\n") + "\n")
 
 
 def family_full(row: str) -> str | None:

@@ -128,6 +128,18 @@ def test_replicate_writes_both_tables_and_checks_the_orderings(tmp_path):
     assert "gains less two-key accuracy than full (default recipe): **no**" in doc.read_text()
 
 
+def test_replicate_keeps_the_sections_other_commands_measure(tmp_path):
+    replicate = _load("replicate")
+    doc = tmp_path / "replication.md"
+    kept = ["## Reserved evaluation seeds", "", "Seed 7 is kept.", ""]
+    doc.write_text("\n".join(["# old", "## Table 1 analog: old", "stale", *kept]))
+    results = {"base": [_study_result(0.40, 1.0, 0.8)], "recipe": [_study_result(0.5, 1.5, 0.8)]}
+    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    text = doc.read_text()
+    assert "stale" not in text
+    assert text.endswith("## Reserved evaluation seeds\n\nSeed 7 is kept.\n")
+
+
 def test_replicate_tabulates_the_side_by_side_timing_when_given(tmp_path):
     replicate = _load("replicate")
     results = {"base": [_study_result(0.40, 1.0, 0.8)]}

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -10,6 +11,7 @@ from wc_fast import checkpoint
 from wc_fast.actions import basic_actions
 from wc_fast.config import preset
 from wc_fast.eval import (
+    EVAL_SEED,
     EvalSettings,
     evaluate,
     horizons,
@@ -18,12 +20,15 @@ from wc_fast.eval import (
     score_sequences,
     summarize,
 )
+from wc_fast.evaluation import NPZ_KEYS
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import export_world_model, load_checkpoint_model
 from wc_fast.rewards import load_critic, load_estimator
 from wc_fast.world import sample_sequences
 
 SETTINGS = EvalSettings.from_config(preset("cpu"), sequences=3, clips=2, steps=2)
+TRUTH_KEYS = ("accuracy", "vq", "fit_accuracy", "psnr", "ssim", "rot_err_deg", "trans_err",
+              "psnr_floor", "ssim_floor", "frechet", "frechet_floor")
 
 
 def test_ground_truth_renders_score_high_and_wrong_labels_score_low():
@@ -53,8 +58,21 @@ def test_evaluate_runs_end_to_end_and_is_deterministic(tmp_path):
         assert 0.0 <= a[kind]["accuracy"] <= 1.0
         assert a[kind]["accuracy"] == b[kind]["accuracy"]
         assert len(a[kind]["by_clip"]) == 2
-        assert set(a[kind]) == {"accuracy", "vq", "by_keys", "by_clip", "short", "long"}
-        assert set(a["ground_truth"][kind]) == {"accuracy", "vq"}
+        assert set(a[kind]) == {"accuracy", "vq", "by_keys", "by_clip", "short", "long",
+                                "metrics", "per_sequence"}
+        assert set(a["ground_truth"][kind]) == {"accuracy", "vq", "fit_accuracy", "rot_err_deg",
+                                                "trans_err"}
+        metrics = a[kind]["metrics"]
+        assert set(metrics) == {"all", "short", "long", "clip1", "clips_2_on", "by_clip"}
+        for block in (*(metrics[h] for h in ("all", "short", "long", "clip1", "clips_2_on")),
+                      *metrics["by_clip"]):
+            assert set(block) >= set(TRUTH_KEYS), kind
+        assert metrics["clip1"]["accuracy"] == pytest.approx(a[kind]["by_clip"][0]["accuracy"])
+        assert metrics["all"]["psnr"] == pytest.approx(
+            torch.tensor(a[kind]["per_sequence"]["psnr"]).mean().item())
+        assert set(a[kind]["per_sequence"]) == {k for k in TRUTH_KEYS if not k.startswith("fre")}
+        assert torch.tensor(a[kind]["per_sequence"]["ssim"]).shape == (SETTINGS.sequences, 2)
+        assert a[kind]["metrics"] == b[kind]["metrics"]
     assert [(row["set"], row["clip"]) for row in a["by_clip"]] == [
         (kind, c) for kind in sets for c in (1, 2)]
     assert all(set(row) == {"set", "clip", "accuracy", "vq"} for row in a["by_clip"])
@@ -69,16 +87,30 @@ def test_evaluate_runs_end_to_end_and_is_deterministic(tmp_path):
     assert weighted == pytest.approx(a["composite"]["accuracy"])
 
 
-def test_command_writes_json_and_grid(tmp_path):
+def test_command_writes_json_grid_and_frames(tmp_path):
     torch.manual_seed(0)
     weights = export_world_model(TinyWorldDiT(preset("smoke").model), tmp_path / "m.safetensors",
                                  {"note": "test"})
-    out, grid = tmp_path / "eval.json", tmp_path / "grid.png"
+    out, grid, frames = tmp_path / "eval.json", tmp_path / "grid.png", tmp_path / "frames"
     assert main(["--checkpoint", str(weights), "--json", str(out), "--grid", str(grid),
-                 "--sequences", "1", "--clips", "2", "--steps", "2"]) == 0
+                 "--save-frames", str(frames), "--sequences", "1", "--clips", "2",
+                 "--steps", "2"]) == 0
     result = json.loads(out.read_text())
     assert set(result) >= {"basic", "composite", "composite_2key", "by_clip", "ground_truth"}
+    assert set(result["basic"]["metrics"]["clip1"]) >= set(TRUTH_KEYS)
     assert grid.is_file() and grid.stat().st_size > 0
+    data = sample_sequences(1, num_clips=2, seed=EVAL_SEED, composite_fraction=0.0)
+    for kind in ("basic", "composite", "composite_2key"):
+        saved = np.load(frames / f"{kind}.npz")
+        assert set(saved.files) == set(NPZ_KEYS)
+        assert saved["generated"].shape == saved["ground_truth"].shape == (1, 9, 3, 32, 32)
+        assert saved["actions"].shape == (1, 8)
+        for key in ("c2w_true", "c2w_commanded", "c2w_fit"):
+            assert saved[key].shape == (1, 9, 4, 4), key
+    basic = np.load(frames / "basic.npz")
+    assert np.array_equal(basic["actions"], data.actions.numpy())
+    assert np.allclose(basic["c2w_true"], data.c2w.numpy())
+    assert np.allclose(basic["c2w_commanded"][:, 0], data.c2w[:, 0].numpy())
 
 
 @pytest.mark.parametrize("clips,want", [

@@ -12,6 +12,23 @@ uses; the evaluation critic also ranks true renders above a world model's genera
 Reported per set, per horizon (short / medium / long = first, middle, last third of the clips)
 and per clip index (the exposure-bias view), like the WorldCompass paper's Table 1; the
 composite set also by the number of keys pressed.
+
+Beside them, measures no compared model was fitted to (:mod:`wc_fast.evaluation`), in
+``result[set]["metrics"]`` per horizon, for all clips (``all``), the trained clip alone
+(``clip1``), clips 2 on (``clips_2_on``) and per clip (``by_clip``): ``accuracy`` and ``vq``
+as above, ``fit_accuracy`` (a classical camera fit's action accuracy), ``psnr`` and ``ssim``
+against the true render of the same frames, ``rot_err_deg`` and ``trans_err`` (the fit's
+per-frame relative pose error against the true camera path), ``frechet`` (generated vs true
+renders on 4x4-pooled pixels), and the floors ``psnr_floor``, ``ssim_floor`` and
+``frechet_floor``: the same measures of true renders of the same commands at other key-press
+speeds (drawn from ``set seed + FLOOR_SEED_OFFSET``; :mod:`wc_fast.evaluation.floor`), what a
+model that follows every command perfectly would score. ``result[set]["per_sequence"]``
+holds every per-clip value ``[n, N]`` for paired bootstrap intervals
+(:func:`wc_fast.evaluation.paired_bootstrap`); ``result["ground_truth"][set]`` the same fit on
+the true renders. ``--save-frames DIR`` writes ``DIR/<set>.npz`` with the keys
+``generated``, ``ground_truth``, ``actions``, ``c2w_true``, ``c2w_commanded`` and ``c2w_fit``
+(shapes in :mod:`wc_fast.evaluation.frames_io`). ``--final`` evaluates on
+:data:`FINAL_EVAL_SEED`, reserved for final tables (never for tuning).
 """
 
 from __future__ import annotations
@@ -32,6 +49,16 @@ from tqdm import tqdm
 from wc_fast import config as config_lib
 from wc_fast.actions import describe, num_primitives, split_action
 from wc_fast.cli import add_debug, run_main
+from wc_fast.evaluation import (
+    clip_metrics,
+    fit_path,
+    fit_scores,
+    print_truth_table,
+    save_set,
+    summarize_truth,
+)
+from wc_fast.evaluation.floor import draw_motion_factors, render_sequences
+from wc_fast.evaluation.report import frame_distances
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import load_critic, load_estimator, vq_scores
@@ -46,6 +73,9 @@ from wc_fast.world import sample_sequences
 KINDS = {"basic": (0.0, (2, 3, 4)), "composite": (1.0, (2, 3, 4)),
          "composite_2key": (1.0, (2,))}
 EVAL_SEED = 900_001
+# Evaluation seeds no design choice has seen: only for final tables (docs/replication.md).
+FINAL_EVAL_SEED = 7_700_001
+FLOOR_SEED_OFFSET = 1000  # seed offset of the other speeds the floors' true renders move at
 
 
 @dataclass(slots=True)
@@ -143,6 +173,8 @@ def evaluate(model: TinyWorldDiT, settings: EvalSettings, *, estimator=None, cri
     result: dict = {"settings": {k: getattr(settings, k) for k in settings.__slots__},
                     "ground_truth": {}, "by_clip": []}
     frames_out = {}
+    thresholds = {"trans_thresholds": settings.trans_thresholds,
+                  "rot_threshold_deg": settings.rot_threshold_deg}
     for k, (kind, (fraction, keys)) in enumerate(KINDS.items()):
         data = sample_sequences(settings.sequences, num_clips=settings.clips,
                                 seed=settings.seed + k, composite_fraction=fraction,
@@ -156,8 +188,27 @@ def evaluate(model: TinyWorldDiT, settings: EvalSettings, *, estimator=None, cri
                                         settings=settings, estimator=estimator, critic=critic)
         clip_keys = num_primitives(data.actions[:, ::cfg.clip_frames])
         result[kind] = summarize(acc, vq, clip_keys)
+        floor = render_sequences(
+            settings.seed + k, data.actions,
+            draw_motion_factors(settings.sequences, settings.clips,
+                                settings.seed + k + FLOOR_SEED_OFFSET),
+            segment_frames=cfg.clip_frames, resolution=cfg.resolution)
+        per_clip = {"accuracy": acc, "vq": vq,
+                    **clip_metrics(gen, data.frames, fit_path(gen), data.c2w, data.actions,
+                                   clip_frames=cfg.clip_frames, **thresholds),
+                    **{f"{name}_floor": value for name, value
+                       in frame_distances(floor, data.frames, cfg.clip_frames).items()}}
+        clips = acc.shape[1]
+        slices = {"all": slice(0, clips), **horizons(clips), "clip1": slice(0, 1),
+                  "clips_2_on": slice(1, clips)}
+        result[kind]["metrics"] = summarize_truth(per_clip, gen, data.frames, floor,
+                                                  clip_frames=cfg.clip_frames, slices=slices)
+        result[kind]["per_sequence"] = {name: v.tolist() for name, v in per_clip.items()}
+        gt_fit = fit_scores(fit_path(data.frames), data.c2w, data.actions,
+                            clip_frames=cfg.clip_frames, **thresholds)
         result["ground_truth"][kind] = {"accuracy": gt_acc.mean().item(),
-                                        "vq": gt_vq.mean().item()}
+                                        "vq": gt_vq.mean().item(),
+                                        **{name: v.mean().item() for name, v in gt_fit.items()}}
         result["by_clip"] += [{"set": kind, **row} for row in result[kind]["by_clip"]]
         if keep_frames:
             frames_out[kind] = (gen, data)
@@ -247,6 +298,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clips", type=int, default=6, help="clips per sequence")
     parser.add_argument("--steps", type=int, default=None, help="sampler steps")
     parser.add_argument("--seed", type=int, default=EVAL_SEED)
+    parser.add_argument("--final", action="store_true",
+                        help=f"evaluate on the seeds reserved for final tables "
+                             f"(FINAL_EVAL_SEED = {FINAL_EVAL_SEED}); overrides --seed")
+    parser.add_argument("--save-frames", default=None, metavar="DIR",
+                        help="write DIR/<set>.npz: generated and true frames, actions, true, "
+                             "commanded and fitted camera paths")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     add_debug(parser)
     args = parser.parse_args(argv)
@@ -259,21 +316,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_writable_file(path, flag)
     device = resolve_device(args.device)
     model = load_checkpoint_model(args.checkpoint, device)
-    overrides = {"sequences": args.sequences, "clips": args.clips, "seed": args.seed}
+    overrides = {"sequences": args.sequences, "clips": args.clips,
+                 "seed": FINAL_EVAL_SEED if args.final else args.seed}
     if args.steps is not None:
         overrides["steps"] = args.steps
     settings = EvalSettings.from_config(config_lib.preset(args.preset), **overrides)
     estimator = load_estimator("eval", device="cpu")
     result = evaluate(model, settings, estimator=estimator, progress=True,
-                      keep_frames=args.grid is not None)
+                      keep_frames=args.grid is not None or args.save_frames is not None)
     frames = result.pop("_frames", None)
     print_table(result)
+    print_truth_table(result, tuple(KINDS), Console())
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
         print(f"wrote {args.json}")
     if args.grid and frames:
         print(f"wrote {save_grid(args.grid, frames, estimator)}")
+    if args.save_frames and frames:
+        for kind, (gen, data) in frames.items():
+            path = save_set(args.save_frames, kind, generated=gen, ground_truth=data.frames,
+                            actions=data.actions, c2w_true=data.c2w, c2w_fit=fit_path(gen))
+            print(f"wrote {path}")
     return 0
 
 
