@@ -15,6 +15,7 @@ from wc_fast import config as config_lib
 class RunArgs:
     config: config_lib.Config
     resume: bool
+    base: str = "tiny"  # --base, where the entry point takes it
 
 
 def default_preset() -> str:
@@ -23,10 +24,13 @@ def default_preset() -> str:
 
 
 def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = None, *,
-                   steps_field: str = "train.steps", out_field: str = "train.out") -> RunArgs:
+                   steps_field: str = "train.steps", out_field: str = "train.out",
+                   with_base: bool = False) -> RunArgs:
     """Parse ``[--preset NAME] [--out DIR] [--steps N] [--resume] [--section.field VALUE]``.
 
-    ``--out`` and ``--steps`` set ``out_field`` and ``steps_field``.
+    ``--out`` and ``--steps`` set ``out_field`` and ``steps_field``. ``with_base``: also
+    ``--base NAME``, an embedded base world model (:func:`wc_fast.config.apply_base`) applied
+    to the preset before the ``--section.field`` overrides.
     """
     parser = argparse.ArgumentParser(
         prog=prog, description=description,
@@ -39,8 +43,14 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
     parser.add_argument("--steps", type=int, default=None, help=f"iterations ({steps_field})")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in --out")
+    if with_base:
+        parser.add_argument("--base", choices=config_lib.BASES, default="tiny",
+                            help="embedded base world model: tiny (TinyWorldDiT) or wan (a "
+                                 "diffusers WanTransformer3DModel on pixels); default tiny")
     args, rest = parser.parse_known_args(argv)
     cfg = config_lib.build_preset(args.preset or default_preset())
+    if with_base:
+        config_lib.apply_base(cfg, args.base)
     overrides = _pairs(parser, rest)
     if args.out is not None:
         overrides.append((out_field, args.out))
@@ -55,7 +65,7 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
         config_lib.validate(cfg)
     except ValueError as exc:
         parser.error(str(exc))
-    return RunArgs(config=cfg, resume=args.resume)
+    return RunArgs(config=cfg, resume=args.resume, base=getattr(args, "base", "tiny"))
 
 
 def _pairs(parser: argparse.ArgumentParser, rest: list[str]) -> list[tuple[str, str]]:

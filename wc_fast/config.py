@@ -17,6 +17,7 @@ from typing import Literal
 from wc_kernels.nft_loss import SPACES
 
 PRESETS = ("paper", "official", "cpu", "smoke", "wan", "wan_smoke")
+BASES = ("tiny", "wan")  # the shipped embedded base world models (``--base NAME``)
 LOGGERS = ("jsonl", "tensorboard", "wandb")  # metric sinks of wc_fast.train
 
 # The choices of every string field: the one definition, read by validate() and by the
@@ -79,12 +80,15 @@ class ModelConfig:
     unchanged, and RL can then train it.
 
     ``backbone``: ``tiny`` is the embedded :class:`~wc_fast.models.TinyWorldDiT` (sized by the
-    fields above); ``wan`` is a :class:`~wc_fast.models.wan.WanWorldModel` on the latents of
-    the Wan VAE, both read from ``path``, a local diffusers pipeline directory with
-    ``transformer/`` and ``vae/`` subfolders. A Wan model takes ``resolution`` (the world's
-    and the rewards' pixel frames), ``clip_frames`` (one latent frame per frame,
-    :mod:`wc_fast.models.wan_vae`) and ``context_sigma`` from here; its sizes come from
-    ``path``, so ``patch``, ``dim``, ``depth``, ``heads``, ``reference_frame`` and
+    fields above); ``wan`` is a :class:`~wc_fast.models.wan.WanWorldModel`. With an empty
+    ``path`` it is the embedded Wan world model (:mod:`wc_fast.models.wan_embedded`): a tiny
+    diffusers ``WanTransformer3DModel`` on the world's pixel frames, sized by ``patch``,
+    ``dim``, ``depth`` and ``heads`` (no reference frame, velocity prediction). With a
+    ``path`` (a local diffusers pipeline directory with ``transformer/`` and ``vae/``
+    subfolders) it works on the latents of the Wan VAE, both read from there: it takes
+    ``resolution`` (the world's and the rewards' pixel frames), ``clip_frames`` (one latent
+    frame per frame, :mod:`wc_fast.models.wan_vae`) and ``context_sigma`` from here; its sizes
+    come from ``path``, so ``patch``, ``dim``, ``depth``, ``heads``, ``reference_frame`` and
     ``prediction`` do not apply.
 
     ``prompt_embeds``: a Wan backbone's text conditioning, a ``.safetensors`` file holding
@@ -514,6 +518,28 @@ _BUILDERS = {"paper": _paper, "official": _official, "cpu": _cpu, "smoke": _smok
 NEEDS_MODEL_PATH = ("wan", "wan_smoke")
 
 
+def apply_base(cfg: Config, name: str) -> None:
+    """Set ``cfg``'s model (and its pretraining) to the embedded base world model ``name``:
+    ``tiny`` leaves the preset's :class:`~wc_fast.models.TinyWorldDiT`; ``wan`` selects the
+    embedded Wan world model (docs/base_model.md) at its shipped sizes, pretrained from scratch
+    on basic keys only for at most 55 minutes."""
+    _choices("--base", name, BASES)
+    if name == "tiny":
+        return
+    m, pt = cfg.model, cfg.pretrain
+    m.backbone, m.path, m.prompt_embeds = "wan", "", ""
+    m.patch, m.dim, m.depth, m.heads = 8, 192, 4, 6
+    m.reference_frame, m.prediction = False, "velocity"
+    m.motion_latent = m.pose_branch = False
+    # the warp exploration moves the tiny model's warp head; the end-of-run evaluation
+    # evaluates the tiny model
+    cfg.rollout.warp_exploration = 0.0
+    cfg.train.eval_at_end = False
+    pt.composite_fraction = 0.0
+    pt.steps = 100_000
+    pt.max_minutes = 55.0
+
+
 def build_preset(name: str) -> Config:
     """A fresh config for preset ``name``, not yet validated: the command line sets its fields
     (``model.path`` of the ``wan`` presets) before :func:`validate`."""
@@ -684,10 +710,12 @@ def _validate_decouple(cfg: Config) -> None:
 
 
 def _validate_backbone(cfg: Config) -> None:
-    """``model.path`` is given exactly for a Wan backbone, and a Wan run uses only what is built
-    for it: the pretrained backbone (fp32 weights), no motion latents, no
-    end-of-run evaluation (it evaluates the embedded model), no pose branch (the embedded
-    model's warp head); LoRA only on a Wan backbone, where it decides what trains."""
+    """``model.path`` only for a Wan backbone, and a Wan run uses only what is built for it:
+    no motion latents, no end-of-run evaluation (it evaluates the tiny model), no pose branch
+    (the tiny model's warp head). The embedded Wan model (empty ``model.path``) predicts the
+    velocity of pixel frames without a reference frame, and its head width must suit Wan's
+    3-D rotary embedding; a pretrained backbone (``model.path``) starts from its weights, and
+    LoRA adapts only it, where it decides what trains."""
     m, tr = cfg.model, cfg.train
     _require(m.lora_rank >= 0, "model.lora_rank", "an integer >= 0 (0 = no LoRA)", m.lora_rank)
     _require(m.lora_alpha >= 0, "model.lora_alpha", ">= 0 (0 = the rank)", m.lora_alpha)
@@ -699,16 +727,17 @@ def _validate_backbone(cfg: Config) -> None:
         _require(not m.prompt_embeds, "model.prompt_embeds", "empty with model.backbone 'tiny' "
                  "(it is a Wan backbone's text conditioning)", m.prompt_embeds)
         return
-    _require(bool(m.path), "model.path", "a local diffusers Wan directory (transformer/ and "
-             "vae/) with model.backbone 'wan'", m.path)
-    _require(tr.init == "base", "train.init (with model.backbone wan)", "'base' (the backbone "
-             "in model.path, with zero-initialised action layers)", tr.init)
     _require(not m.motion_latent, "model.motion_latent (with model.backbone wan)", "false",
              m.motion_latent)
     _require(not m.pose_branch, "model.pose_branch (with model.backbone wan)", "false",
              m.pose_branch)
     _require(not tr.eval_at_end, "train.eval_at_end (with model.backbone wan)", "false",
              tr.eval_at_end)
+    if not m.path:
+        _validate_embedded_wan(cfg)
+        return
+    _require(tr.init == "base", "train.init (with model.backbone wan and a model.path)", "'base' "
+             "(the backbone in model.path, with zero-initialised action layers)", tr.init)
     if m.lora_rank:
         _require(len(m.lora_targets) >= 1 and all(m.lora_targets), "model.lora_targets",
                  "a non-empty tuple of module names (with model.lora_rank > 0)", m.lora_targets)
@@ -719,6 +748,23 @@ def _validate_backbone(cfg: Config) -> None:
         # deadlocked in testing; DDP is tested to equal one process
         _require(tr.distributed == "ddp", "train.distributed (with model.lora_rank > 0)",
                  "'ddp'", tr.distributed)
+
+
+def _validate_embedded_wan(cfg: Config) -> None:
+    """The embedded Wan world model (``model.backbone wan``, empty ``model.path``)."""
+    m = cfg.model
+    _require(m.prediction == "velocity", "model.prediction (with the embedded Wan model)",
+             "'velocity' (it has no warp head)", m.prediction)
+    _require(not m.reference_frame, "model.reference_frame (with the embedded Wan model)",
+             "false", m.reference_frame)
+    _require(m.lora_rank == 0, "model.lora_rank (with the embedded Wan model)", "0 (LoRA adapts "
+             "the backbone of model.path)", m.lora_rank)
+    _require(not m.prompt_embeds, "model.prompt_embeds (with the embedded Wan model)", "empty "
+             "(its text conditioning is one fixed zero token)", m.prompt_embeds)
+    # Wan's rotary embedding gives the frame, row and column axes even slices of a head
+    _require(m.dim % m.heads == 0 and (m.dim // m.heads) % 2 == 0 and m.dim // m.heads >= 6,
+             "model.dim (with the embedded Wan model)", f"model.heads={m.heads} times an even "
+             "head width >= 6", m.dim)
 
 
 def validate(cfg: Config) -> None:

@@ -1,5 +1,5 @@
-"""The shipped base world model: load it, or export a new one (with its model card); and the
-Wan backbone with its VAE from a local diffusers directory."""
+"""The shipped base world models (``tiny`` and ``wan``): load them, or export a new one (with
+its model card); and the Wan backbone with its VAE from a local diffusers directory."""
 
 from __future__ import annotations
 
@@ -16,16 +16,38 @@ from wc_fast.config import ModelConfig, from_dict
 from wc_fast.models.protocol import FrameCodec, PixelFrames
 from wc_fast.models.tiny_dit import DTYPES, TinyWorldDiT
 from wc_fast.models.wan import WanWorldModel, import_peft
+from wc_fast.models.wan_embedded import embedded_wan_model
 from wc_fast.models.wan_vae import WanLatentCodec, spatial_factor
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BASE_WEIGHTS = ASSETS / "base_model.safetensors"
 BASE_CARD = ASSETS / "base_model.json"
+# the shipped base world models by name (``--base NAME``)
+BASE_MODELS = {"tiny": BASE_WEIGHTS, "wan": ASSETS / "wan_base_model.safetensors"}
+
+# a world model built from a ModelConfig alone (no diffusers directory): what pretraining
+# trains and an exported weights file holds
+EmbeddedModel = TinyWorldDiT | WanWorldModel
+
+
+def new_world_model(cfg: ModelConfig, *, seed: int = 0) -> EmbeddedModel:
+    """A randomly initialised embedded world model of ``cfg``: :class:`TinyWorldDiT` for
+    ``model.backbone tiny``, the embedded :class:`WanWorldModel` for ``wan`` with an empty
+    ``model.path`` (its key vectors drawn from ``seed``). A Wan backbone read from a diffusers
+    directory raises ``ValueError`` naming ``model.path``."""
+    if cfg.backbone == "tiny":
+        return TinyWorldDiT(cfg)
+    if cfg.path:
+        raise ValueError(f"model.path {cfg.path!r} names a pretrained Wan backbone; an embedded "
+                         "world model (built and pretrained here) needs an empty model.path")
+    return embedded_wan_model(cfg, seed=seed)
 
 
 def load_world_model(weights: str | Path = BASE_WEIGHTS, *, device: torch.device | str = "cpu"
-                     ) -> TinyWorldDiT:
-    """A :class:`TinyWorldDiT` from ``weights`` (``.safetensors`` with a ``.json`` card beside).
+                     ) -> EmbeddedModel:
+    """An embedded world model from ``weights`` (``.safetensors`` with a ``.json`` card beside):
+    a :class:`TinyWorldDiT`, or the embedded :class:`WanWorldModel` when the card's
+    ``model.backbone`` is ``wan``.
 
     The card holds the model config. Missing files raise ``FileNotFoundError`` naming the path
     and the command that produces them.
@@ -35,17 +57,24 @@ def load_world_model(weights: str | Path = BASE_WEIGHTS, *, device: torch.device
     for path in (weights, card_path):
         if not path.is_file():
             raise FileNotFoundError(f"world model file {path} not found; train one with "
-                                    "`python -m wc_fast.pretrain` (it exports "
+                                    "`python -m wc_fast.pretrain [--base tiny|wan]` (it exports "
                                     "<out>/base_model.safetensors and .json)")
     card = json.loads(card_path.read_text())
     # JSON gives the config's tuples back as lists
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in card["model"].items()}
-    model = TinyWorldDiT(ModelConfig(**fields))
+    model = new_world_model(ModelConfig(**fields))
     model.load_state_dict(load_file(weights))
     return model.to(device).eval()
 
 
-def export_world_model(model: TinyWorldDiT, path: str | Path, card: dict) -> Path:
+def load_base_model(name: str, device: torch.device | str = "cpu") -> EmbeddedModel:
+    """The shipped base world model ``name`` (one of :data:`BASE_MODELS`: ``tiny``, ``wan``)."""
+    if name not in BASE_MODELS:
+        raise ValueError(f"base model must be one of {sorted(BASE_MODELS)}, got {name!r}")
+    return load_world_model(BASE_MODELS[name], device=device)
+
+
+def export_world_model(model: EmbeddedModel, path: str | Path, card: dict) -> Path:
     """Write ``path`` (``.safetensors``) and its ``.json`` card (``card`` plus the model config)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,18 +85,20 @@ def export_world_model(model: TinyWorldDiT, path: str | Path, card: dict) -> Pat
     return path
 
 
-def load_checkpoint_model(path: str | Path | None, device: torch.device) -> TinyWorldDiT:
-    """The shipped base model (None), an exported ``.safetensors``, or a checkpoint directory:
-    of ``wc_fast.train`` (its current model) or of ``wc_fast.pretrain`` (its EMA weights, which
-    are what pretraining exports)."""
+def load_checkpoint_model(path: str | Path | None, device: torch.device, *, base: str = "tiny"
+                          ) -> EmbeddedModel:
+    """The shipped base model ``base`` (``path`` None), an exported ``.safetensors``, or a
+    checkpoint directory: of ``wc_fast.train`` (its current model) or of ``wc_fast.pretrain``
+    (its EMA weights, which are what pretraining exports); its ``meta.json`` config says which
+    embedded model it holds."""
     if path is None:
-        return load_world_model(BASE_WEIGHTS, device=device)
+        return load_base_model(base, device)
     path = Path(path)
     if path.is_dir():
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"{path} holds no meta.json: not a wc_fast checkpoint")
         meta = json.loads((path / "meta.json").read_text())
-        model = TinyWorldDiT(from_dict(meta["config"]).model).to(device)
+        model = new_world_model(from_dict(meta["config"]).model).to(device)
         if "ema" in meta["models"]:
             ema = AveragedModel(model, use_buffers=True)
             checkpoint.load(path, models={"ema": ema}, restore_rng=False)

@@ -39,6 +39,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from wc_fast.config import ModelConfig
 from wc_fast.models.clips import (
     Attend,
     check_actions,
@@ -55,6 +56,8 @@ from wc_kernels.reference import compute_dtype
 # diffusers' flow-matching schedulers use timestep = sigma * num_train_timesteps
 NUM_TRAIN_TIMESTEPS = 1000
 TRANSFORMER_CLASS = "WanTransformer3DModel"
+# the movement keys (4 translation, 4 rotation) lead each key vector of ``key_table``
+MOVEMENT_KEYS = 8
 
 RopeTables = tuple[Tensor, Tensor]
 
@@ -219,7 +222,11 @@ class WanWorldModel(nn.Module):
     the backward instead of keeping its activations, in forwards that build a graph.
     ``autocast_dtype``: the dtype the blocks' matmuls and attention run in (``torch.autocast``;
     bf16 on a GPU), with the weights, the modulation arithmetic and the outputs in fp32; the
-    history cache then holds keys and values in that dtype.
+    history cache then holds keys and values in that dtype. ``pixels``: the frames are pixels
+    in [-1, 1] (the embedded model, :mod:`wc_fast.models.wan_embedded`), which
+    :meth:`bound_frames` clamps; latents are left unbounded. ``cfg``: the
+    :class:`~wc_fast.config.ModelConfig` the embedded model was built from (what its card
+    stores), ``None`` for a backbone read from a diffusers directory.
     """
 
     motion_latent = False
@@ -228,19 +235,22 @@ class WanWorldModel(nn.Module):
                  latent_size: tuple[int, int], prompt_embeds: Tensor | None = None,
                  context_sigma: float = 0.0, attention_backend: str = "auto",
                  seed: int = 0, activation_checkpointing: bool = False,
-                 autocast_dtype: torch.dtype = torch.float32) -> None:
+                 autocast_dtype: torch.dtype = torch.float32, pixels: bool = False,
+                 cfg: ModelConfig | None = None) -> None:
         super().__init__()
-        cfg = transformer.config
-        p_t, p_h, p_w = cfg.patch_size
+        arch = transformer.config
+        p_t, p_h, p_w = arch.patch_size
         height, width = latent_size
         if p_t != 1:
             raise ValueError(f"the transformer's temporal patch size must be 1, got {p_t}")
-        if cfg.image_dim is not None or cfg.added_kv_proj_dim is not None:
+        if arch.image_dim is not None or arch.added_kv_proj_dim is not None:
             raise ValueError("image-conditioned (I2V) Wan transformers are not supported")
         if clip_frames < 1 or height % p_h or width % p_w:
             raise ValueError(f"clip_frames must be >= 1 and latent_size a multiple of the patch "
                              f"({p_h}, {p_w}), got {clip_frames} and {latent_size}")
         self.transformer = transformer
+        self.pixels = pixels
+        self.cfg = cfg
         self.clip_frames = clip_frames
         self.context_sigma = context_sigma
         self.latent_size = (height, width)
@@ -253,12 +263,12 @@ class WanWorldModel(nn.Module):
                              f"{autocast_dtype}")
         self.autocast_dtype = autocast_dtype
         param = transformer.patch_embedding.weight
-        dim = cfg.num_attention_heads * cfg.attention_head_dim
+        dim = arch.num_attention_heads * arch.attention_head_dim
         if prompt_embeds is None:
-            prompt_embeds = torch.zeros(1, 1, cfg.text_dim)
+            prompt_embeds = torch.zeros(1, 1, arch.text_dim)
         if prompt_embeds.dim() != 3 or prompt_embeds.shape[0] != 1 or (
-                prompt_embeds.shape[2] != cfg.text_dim):
-            raise ValueError(f"prompt_embeds must have shape [1, L, {cfg.text_dim}], got "
+                prompt_embeds.shape[2] != arch.text_dim):
+            raise ValueError(f"prompt_embeds must have shape [1, L, {arch.text_dim}], got "
                              f"{tuple(prompt_embeds.shape)}")
         self.register_buffer("prompt_embeds", prompt_embeds.to(param), persistent=False)
         self.register_buffer("keys_of_action", key_table(), persistent=False)
@@ -355,8 +365,9 @@ class WanWorldModel(nn.Module):
         return [*(p for m in modules for p in m.parameters()), *tables, tr.scale_shift_table]
 
     def bound_frames(self, frames: Tensor) -> Tensor:
-        """Sampled latents as history and candidates: unchanged (latents are not bounded)."""
-        return frames
+        """Sampled clips as history and candidates: pixels clamped to [-1, 1], latents
+        unchanged (they are not bounded)."""
+        return frames.clamp(-1, 1) if self.pixels else frames
 
     def velocity_flops(self, batch: int, prefix_tokens: int) -> float:
         """Forward FLOPs of :meth:`velocity` for ``batch`` clips over ``prefix_tokens`` of history
@@ -456,11 +467,14 @@ class WanWorldModel(nn.Module):
         dtype = self.autocast_dtype
         return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
-    def _conditioning(self, sigma: Tensor, actions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _conditioning(self, sigma: Tensor, actions: Tensor, action_offset: Tensor | None = None
+                      ) -> tuple[Tensor, Tensor, Tensor]:
         """Per-frame ``sigma``, ``actions`` ``[B, F]`` -> the timestep embedding with the action
         added ``[B, F, D]``, its modulation ``[B, F, 6, D]`` and the text tokens ``[B, L, D]``.
 
-        The steps of diffusers' ``WanTimeTextImageEmbedding``, per frame.
+        The steps of diffusers' ``WanTimeTextImageEmbedding``, per frame. ``action_offset``
+        ``[B, MOVEMENT_KEYS]`` is added to the intensities of each row's movement keys on every
+        frame before the key embedding.
         """
         embedder = self.transformer.condition_embedder
         b, f = actions.shape
@@ -470,6 +484,9 @@ class WanWorldModel(nn.Module):
         t = t.to(next(embedder.time_embedder.parameters()).dtype)
         temb = embedder.time_embedder(t).type_as(context).unflatten(0, (b, f))
         keys = self.keys_of_action[actions].to(self.key_embed.weight.dtype)
+        if action_offset is not None:
+            offset = action_offset.to(keys.dtype)[:, None]
+            keys = torch.cat([keys[..., :MOVEMENT_KEYS] + offset, keys[..., MOVEMENT_KEYS:]], -1)
         temb = temb + self.action_proj(self.key_embed(keys))
         modulation = embedder.time_proj(embedder.act_fn(temb)).unflatten(-1, (6, -1))
         return temb, modulation, context
@@ -511,10 +528,12 @@ class WanWorldModel(nn.Module):
     # -- forward -----------------------------------------------------------------------------
 
     def _trunk(self, frames: Tensor, sigma: Tensor, actions: Tensor, positions: Tensor,
-               attend_for: Callable[[int], Attend]
+               attend_for: Callable[[int], Attend], action_offset: Tensor | None = None
                ) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor]]:
         """Every block on ``frames`` ``[B, F, C, H, W]`` at per-frame ``sigma`` and ``actions``
-        ``[B, F]`` and frame ``positions`` ``[F]``; layer ``i`` attends with ``attend_for(i)``.
+        ``[B, F]`` (movement keys shifted by ``action_offset`` ``[B, 8]``, see
+        :meth:`_conditioning`) and frame ``positions`` ``[F]``; layer ``i`` attends with
+        ``attend_for(i)``.
 
         Returns the last block's tokens ``[B, F*h*w, D]``, the per-frame timestep embedding
         ``[B, F, D]`` and every layer's position-encoded keys and values ``[B, H, F*h*w, Dh]``.
@@ -522,7 +541,7 @@ class WanWorldModel(nn.Module):
         runs again in the backward (its keys and values are recomputed with it).
         """
         rope = self._rope(positions)
-        temb, modulation, context = self._conditioning(sigma, actions)
+        temb, modulation, context = self._conditioning(sigma, actions, action_offset)
         keys, values = [], []
         rerun = self.activation_checkpointing and torch.is_grad_enabled()
         with self._autocast(frames.device):
@@ -620,12 +639,15 @@ class WanWorldModel(nn.Module):
     # -- prediction --------------------------------------------------------------------------
 
     def velocity(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache, *,
-                 motion: Tensor | None = None) -> Tensor:
+                 motion: Tensor | None = None, action_offset: Tensor | None = None) -> Tensor:
         """Velocity ``[B, F, C, H, W]`` (fp32; fp64 for an fp64 model) of ``B`` noisy clips.
 
         ``x_t`` ``[B, F, C, H, W]`` one clip per row, ``sigma`` ``[B]``, ``actions`` ``[B, F]``
         or ``[F]``; every row attends to its own tokens and the shared history in ``cache``,
         at frame positions ``cache.num_frames ...``. ``motion`` must be ``None``.
+        ``action_offset`` ``[B, 8]``: added to the intensities of row ``b``'s 8 movement keys
+        (columns 0..7 of its key vectors) on every frame, a soft per-row change of the pressed
+        keys (exploration in camera motion); ``None`` = the commanded keys.
         """
         if motion is not None:
             raise ValueError("motion latents given to a model without motion latents")
@@ -636,9 +658,16 @@ class WanWorldModel(nn.Module):
             raise ValueError(f"x_t must hold one clip of {self.clip_frames} frames, got {f}")
         self._check_sigma(sigma, (b,))
         actions = check_actions(actions, b, f)
+        if action_offset is not None and (
+                not isinstance(action_offset, Tensor) or not action_offset.dtype.is_floating_point
+                or tuple(action_offset.shape) != (b, MOVEMENT_KEYS)):
+            got = (f"{action_offset.dtype} {tuple(action_offset.shape)}"
+                   if isinstance(action_offset, Tensor) else type(action_offset).__name__)
+            raise ValueError(f"action_offset must be a floating-point tensor [{b}, "
+                             f"{MOVEMENT_KEYS}] (one offset per row and movement key), got {got}")
         positions = torch.arange(cache.num_frames, cache.num_frames + f, device=x_t.device)
         x, temb, _, _ = self._trunk(x_t, sigma[:, None].expand(b, f), actions, positions,
-                                    lambda i: self._prefix_attend(cache, i))
+                                    lambda i: self._prefix_attend(cache, i), action_offset)
         return self._head(x, temb)
 
     def teacher_forced_velocity(self, frames: Tensor, actions: Tensor, x_t: Tensor,
