@@ -528,7 +528,9 @@ def apply_base(cfg: Config, name: str) -> None:
         return
     m, pt = cfg.model, cfg.pretrain
     m.backbone, m.path, m.prompt_embeds = "wan", "", ""
-    m.patch, m.dim, m.depth, m.heads = 8, 192, 4, 6
+    # 4x4 patches (48 values per token under a width of 128) and small, fast steps at a high
+    # learning rate: the held-out loss fell fastest per CPU minute this way (docs/base_model.md)
+    m.patch, m.dim, m.depth, m.heads = 4, 128, 4, 4
     m.reference_frame, m.prediction = False, "velocity"
     m.motion_latent = m.pose_branch = False
     # the warp exploration moves the tiny model's warp head; the end-of-run evaluation
@@ -536,6 +538,7 @@ def apply_base(cfg: Config, name: str) -> None:
     cfg.rollout.warp_exploration = 0.0
     cfg.train.eval_at_end = False
     pt.composite_fraction = 0.0
+    pt.batch_size, pt.num_clips, pt.lr = 4, 2, 1e-3
     pt.steps = 100_000
     pt.max_minutes = 55.0
 

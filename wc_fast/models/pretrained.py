@@ -152,7 +152,7 @@ def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *
 
 def frame_codec(cfg: ModelConfig, device: torch.device | str = "cpu") -> FrameCodec:
     """The map between the model's frames and pixel frames: the identity for the embedded
-    model, the Wan VAE of ``cfg.path`` for a Wan backbone."""
-    if cfg.backbone == "wan":
+    models (on pixels), the Wan VAE of ``cfg.path`` for a Wan backbone read from there."""
+    if cfg.backbone == "wan" and cfg.path:
         return WanLatentCodec.from_pretrained(cfg.path, pixel_size=cfg.resolution, device=device)
     return PixelFrames()

@@ -1,8 +1,9 @@
 """WanWorldModel: diffusers' ``WanTransformer3DModel`` as a block-causal, action-conditioned
 world model over a shared history KV cache.
 
-It works in the transformer's latent space: clips are latents ``[B, F, C, H, W]`` with ``C``
-the transformer's ``in_channels`` (decoding them is the VAE's job, not this module's). The
+It works in the transformer's input space: clips are ``[B, F, C, H, W]`` with ``C`` the
+transformer's ``in_channels``, latents of the Wan VAE (decoding them is the VAE's job, not this
+module's) or, for the embedded model (:mod:`wc_fast.models.wan_embedded`), pixels. The
 history is one prompt latent frame, then whole clips of ``clip_frames`` latent frames; each
 chunk attends to itself and to earlier chunks. Every self-attention layer's keys and values
 (after RoPE) of the clean history are kept once in a :class:`ContextCache` and shared by all
