@@ -754,20 +754,20 @@ def _validate_backbone(cfg: Config) -> None:
 
 
 def _validate_embedded_wan(cfg: Config) -> None:
-    """The embedded Wan world model (``model.backbone wan``, empty ``model.path``)."""
+    """The embedded Wan world model (``model.backbone wan``, empty ``model.path``); every error
+    names both, since a missing ``model.path`` is the other way to fix it."""
     m = cfg.model
-    _require(m.prediction == "velocity", "model.prediction (with the embedded Wan model)",
+    which = "(with the embedded Wan model: model.backbone wan and no model.path)"
+    _require(m.prediction == "velocity", f"model.prediction {which}",
              "'velocity' (it has no warp head)", m.prediction)
-    _require(not m.reference_frame, "model.reference_frame (with the embedded Wan model)",
-             "false", m.reference_frame)
-    _require(m.lora_rank == 0, "model.lora_rank (with the embedded Wan model)", "0 (LoRA adapts "
-             "the backbone of model.path)", m.lora_rank)
-    _require(not m.prompt_embeds, "model.prompt_embeds (with the embedded Wan model)", "empty "
-             "(its text conditioning is one fixed zero token)", m.prompt_embeds)
+    _require(not m.reference_frame, f"model.reference_frame {which}", "false", m.reference_frame)
+    _require(m.lora_rank == 0, f"model.lora_rank {which}", "0 (LoRA adapts a backbone read from "
+             "model.path)", m.lora_rank)
+    _require(not m.prompt_embeds, f"model.prompt_embeds {which}", "empty (its text conditioning "
+             "is one fixed zero token)", m.prompt_embeds)
     # Wan's rotary embedding gives the frame, row and column axes even slices of a head
     _require(m.dim % m.heads == 0 and (m.dim // m.heads) % 2 == 0 and m.dim // m.heads >= 6,
-             "model.dim (with the embedded Wan model)", f"model.heads={m.heads} times an even "
-             "head width >= 6", m.dim)
+             f"model.dim {which}", f"model.heads={m.heads} times an even head width >= 6", m.dim)
 
 
 def validate(cfg: Config) -> None:
