@@ -173,3 +173,28 @@ def test_the_embedded_model_works_on_pixels():
     from wc_fast.models.protocol import PixelFrames
 
     assert isinstance(frame_codec(TINY), PixelFrames)
+
+
+def test_heldout_loss_bench_scores_every_model_on_one_batch(pretrained_dir, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    from wc_fast.pretrain import flow_matching_loss
+    from wc_fast.world import sample_sequences
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "heldout_loss.py"
+    spec = importlib.util.spec_from_file_location("heldout_loss", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    path = pretrained_dir / "base_model.safetensors"
+    assert bench.main([str(path), str(path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[0] == lines[1]
+    model = load_world_model(path)
+    batch = sample_sequences(bench.SEQUENCES, num_clips=bench.CLIPS, seed=bench.SEED,
+                             composite_fraction=0.0)
+    with torch.no_grad():
+        want = sum(flow_matching_loss(model, batch.frames, batch.actions, shift=bench.SHIFT,
+                                      gen=torch.Generator().manual_seed(k)).item()
+                   for k in range(bench.DRAWS)) / bench.DRAWS
+    assert lines[0].endswith(f"held-out loss {want:.4f}")
