@@ -198,3 +198,9 @@ def test_heldout_loss_bench_scores_every_model_on_one_batch(pretrained_dir, caps
                                       gen=torch.Generator().manual_seed(k)).item()
                    for k in range(bench.DRAWS)) / bench.DRAWS
     assert lines[0].endswith(f"held-out loss {want:.4f}")
+    assert bench.main([str(path), "--by-sigma"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()[1:]
+    assert len(rows) == len(bench.SIGMAS)
+    # one row per noise level, highest first: the noisy input's own error falls with sigma
+    noisy = [float(r.split("noisy input ")[1].rstrip(")")) for r in rows]
+    assert noisy == sorted(noisy, reverse=True)
