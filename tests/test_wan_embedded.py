@@ -145,6 +145,9 @@ def test_load_base_model_by_name(tmp_path, monkeypatch):
     assert type(load_checkpoint_model(None, torch.device("cpu"), base="wan")) is WanWorldModel
     with pytest.raises(ValueError, match="base model"):
         load_base_model("huge")
+    monkeypatch.setitem(pretrained_lib.BASE_MODELS, "wan", tmp_path / "absent.safetensors")
+    with pytest.raises(FileNotFoundError, match="pretrain --base wan"):
+        load_base_model("wan")
 
 
 @pytest.mark.slow

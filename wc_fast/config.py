@@ -354,7 +354,8 @@ class TrainConfig:
 
 @dataclass(slots=True)
 class PretrainConfig:
-    """Flow-matching pretraining of the embedded world model (``python -m wc_fast.pretrain``).
+    """Flow-matching pretraining of an embedded world model (``python -m wc_fast.pretrain``,
+    ``--base tiny`` or ``--base wan``).
 
     ``max_minutes``: a wall-clock budget (0 = none); the run stops after the step that spends
     it, checkpoints and exports, and the card records the steps it ran. ``init``: exported

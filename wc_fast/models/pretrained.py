@@ -68,9 +68,17 @@ def load_world_model(weights: str | Path = BASE_WEIGHTS, *, device: torch.device
 
 
 def load_base_model(name: str, device: torch.device | str = "cpu") -> EmbeddedModel:
-    """The shipped base world model ``name`` (one of :data:`BASE_MODELS`: ``tiny``, ``wan``)."""
+    """The shipped base world model ``name`` (one of :data:`BASE_MODELS`: ``tiny``, ``wan``).
+
+    A base whose weights are not in the package raises ``FileNotFoundError`` naming the
+    command that pretrains it (``docs/base_model.md`` says which bases ship)."""
     if name not in BASE_MODELS:
         raise ValueError(f"base model must be one of {sorted(BASE_MODELS)}, got {name!r}")
+    if not BASE_MODELS[name].is_file():
+        raise FileNotFoundError(f"base model {name!r} is not shipped ({BASE_MODELS[name]} not "
+                                f"found): pretrain it with `python -m wc_fast.pretrain --base "
+                                f"{name} --out DIR` and pass DIR/base_model.safetensors as "
+                                f"--checkpoint")
     return load_world_model(BASE_MODELS[name], device=device)
 
 
