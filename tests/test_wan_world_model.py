@@ -210,3 +210,32 @@ def test_bad_inputs_name_the_argument():
                                             attention_head_dim=8, in_channels=4, text_dim=16,
                                             freq_dim=16, ffn_dim=32, num_layers=1),
                       clip_frames=CLIP, latent_size=LATENT)
+
+
+@torch.no_grad()
+def test_action_offset_shifts_the_movement_keys():
+    """A zero offset is the commanded keys; an offset on row 0 changes row 0 only; it equals
+    editing the key table's movement columns; a wrong shape is refused by name."""
+    model = with_action_weights(tiny_model())
+    x, sigma = latents(2, CLIP), torch.tensor([0.4, 0.7])
+    actions = torch.tensor([[1] * CLIP, [9] * CLIP])
+    cache = model.empty_cache()
+    base = model.velocity(x, sigma, actions, cache)
+    torch.testing.assert_close(model.velocity(x, sigma, actions, cache,
+                                              action_offset=torch.zeros(2, 8)), base,
+                               rtol=0, atol=0)
+    offset = torch.zeros(2, 8)
+    offset[0, 3] = 0.7
+    moved = model.velocity(x, sigma, actions, cache, action_offset=offset)
+    assert (moved[0] - base[0]).abs().max() > 1e-4
+    torch.testing.assert_close(moved[1], base[1], rtol=0, atol=0)
+    # the same as pressing key 3 of row 0 at intensity 0.7 in the key table
+    edited = copy.deepcopy(model)
+    edited.keys_of_action[1, 3] += 0.7
+    torch.testing.assert_close(edited.velocity(x[:1], sigma[:1], actions[:1], cache),
+                               moved[:1], rtol=1e-5, atol=1e-6)
+    for bad in (torch.zeros(2, 9), torch.zeros(1, 8)):
+        with pytest.raises(ValueError, match="action_offset"):
+            model.velocity(x, sigma, actions, cache, action_offset=bad)
+    with pytest.raises(TypeError, match="action_offset"):
+        model.velocity(x, sigma, actions, cache, action_offset=torch.zeros(2, 8, dtype=torch.long))

@@ -18,14 +18,18 @@ class RunArgs:
     config: config_lib.Config
     resume: bool
     overwrite: bool = False
+    base: str = "tiny"  # --base, where the entry point takes it
 
 
 def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = None, *,
-                   steps_field: str = "train.steps", out_field: str = "train.out") -> RunArgs:
+                   steps_field: str = "train.steps", out_field: str = "train.out",
+                   with_base: bool = False) -> RunArgs:
     """Parse ``[--preset NAME] [--out DIR] [--steps N] [--resume | --overwrite] [--debug]
     [--section.field VALUE]`` (``--debug`` is read by :func:`run_main`).
 
-    ``--out`` and ``--steps`` set ``out_field`` and ``steps_field``.
+    ``--out`` and ``--steps`` set ``out_field`` and ``steps_field``. ``with_base``: also
+    ``--base NAME``, an embedded base world model (:func:`wc_fast.config.apply_base`) applied
+    to the preset before the ``--section.field`` overrides.
     """
     parser = argparse.ArgumentParser(
         prog=prog, description=description,
@@ -43,10 +47,16 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
     start.add_argument("--overwrite", action="store_true",
                        help="start afresh in an --out that holds another run, deleting its "
                             "checkpoints and metrics.jsonl (without it such an --out is refused)")
+    if with_base:
+        parser.add_argument("--base", choices=config_lib.BASES, default="tiny",
+                            help="embedded base world model: tiny (TinyWorldDiT) or wan (a "
+                                 "diffusers WanTransformer3DModel on pixels); default tiny")
     add_debug(parser)
     args, rest = parser.parse_known_args(argv)
     cfg = config_lib.build_preset(
         args.preset or config_lib.machine_preset(torch.cuda.is_available()))
+    if with_base:
+        config_lib.apply_base(cfg, args.base)
     overrides = _pairs(parser, rest)
     if args.out is not None:
         overrides.append((out_field, args.out))
@@ -61,7 +71,8 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
         config_lib.validate(cfg)
     except ValueError as exc:
         parser.error(str(exc))
-    return RunArgs(config=cfg, resume=args.resume, overwrite=args.overwrite)
+    return RunArgs(config=cfg, resume=args.resume, overwrite=args.overwrite,
+                   base=getattr(args, "base", "tiny"))
 
 
 def add_debug(parser: argparse.ArgumentParser) -> None:

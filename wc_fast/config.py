@@ -22,6 +22,7 @@ from wc_kernels.nft_loss import SPACES
 
 PRESETS = ("paper", "official", "cpu", "gpu", "smoke", "wan", "wan_smoke", "worldplay",
            "worldplay_lora", "worldplay_smoke")
+BASES = ("tiny", "wan")  # the shipped embedded base world models (``--base NAME``)
 LOGGERS = ("jsonl", "tensorboard", "wandb")  # metric sinks of wc_fast.train
 
 # The choices of every string field: the one definition, read by validate() and by the
@@ -85,17 +86,21 @@ class ModelConfig:
     unchanged, and RL can then train it.
 
     ``backbone``: ``tiny`` is the embedded :class:`~wc_fast.models.TinyWorldDiT` (sized by the
-    fields above); ``wan`` is a :class:`~wc_fast.models.wan.WanWorldModel` on the latents of
-    the Wan VAE, both read from ``path``, a local diffusers pipeline directory with
-    ``transformer/`` and ``vae/`` subfolders. A Wan model takes ``resolution`` (the world's
-    and the rewards' pixel frames), ``clip_frames`` (one latent frame per frame,
-    :mod:`wc_fast.models.wan_vae`) and ``context_sigma`` from here; its sizes come from
-    ``path``, so ``patch``, ``dim``, ``depth``, ``heads``, ``reference_frame`` and
-    ``prediction`` do not apply. ``worldplay`` is a
-    :class:`~wc_fast.models.worldplay.WorldPlayWorldModel` (HY-WorldPlay's transformer) read
-    the same way from ``path``: ``transformer/`` in the official layout (its ``config.json``
-    and the action model's safetensors) and ``vae/`` (diffusers' HunyuanVideo-1.5 VAE);
-    ``prompt_embeds`` may add ``vision_states`` and ``byt5_states`` tensors to its text.
+    fields above); ``wan`` is a :class:`~wc_fast.models.wan.WanWorldModel`. With an empty
+    ``path`` it is the embedded Wan world model (:mod:`wc_fast.models.wan_embedded`): a tiny
+    diffusers ``WanTransformer3DModel`` on the world's pixel frames, sized by ``patch``,
+    ``dim``, ``depth`` and ``heads`` (no reference frame, velocity prediction). With a
+    ``path`` (a local diffusers pipeline directory with ``transformer/`` and ``vae/``
+    subfolders) it works on the latents of the Wan VAE, both read from there: it takes
+    ``resolution`` (the world's and the rewards' pixel frames), ``clip_frames`` (one latent
+    frame per frame, :mod:`wc_fast.models.wan_vae`) and ``context_sigma`` from here; its sizes
+    come from ``path``, so ``patch``, ``dim``, ``depth``, ``heads``, ``reference_frame`` and
+    ``prediction`` do not apply.
+    ``worldplay`` is a :class:`~wc_fast.models.worldplay.WorldPlayWorldModel` (HY-WorldPlay's
+    transformer) read the same way from ``path``: ``transformer/`` in the official layout (its
+    ``config.json`` and the action model's safetensors) and ``vae/`` (diffusers'
+    HunyuanVideo-1.5 VAE); ``prompt_embeds`` may add ``vision_states`` and ``byt5_states``
+    tensors to its text.
 
     ``prompt_embeds``: a Wan backbone's text conditioning, a ``.safetensors`` file holding
     one tensor ``prompt_embeds`` ``[1, L, text_dim]`` (the text encoder's output for the
@@ -375,7 +380,8 @@ class TrainConfig:
 
 @dataclass(slots=True)
 class PretrainConfig:
-    """Flow-matching pretraining of the embedded world model (``python -m wc_fast.pretrain``).
+    """Flow-matching pretraining of an embedded world model (``python -m wc_fast.pretrain``,
+    ``--base tiny`` or ``--base wan``).
 
     ``max_minutes``: a wall-clock budget (0 = none); the run stops after the step that spends
     it, checkpoints and exports, and the card records the steps it ran. ``init``: exported
@@ -627,6 +633,31 @@ def machine_preset(cuda: bool) -> str:
     return "gpu" if cuda else "cpu"
 
 
+def apply_base(cfg: Config, name: str) -> None:
+    """Set ``cfg``'s model (and its pretraining) to the embedded base world model ``name``:
+    ``tiny`` leaves the preset's :class:`~wc_fast.models.TinyWorldDiT`; ``wan`` selects the
+    embedded Wan world model (docs/base_model.md) at its shipped sizes, pretrained from scratch
+    on basic keys only for at most 55 minutes."""
+    _choices("--base", name, BASES)
+    if name == "tiny":
+        return
+    m, pt = cfg.model, cfg.pretrain
+    m.backbone, m.path, m.prompt_embeds = "wan", "", ""
+    # 4x4 patches (48 values per token under a width of 128) and small, fast steps at a high
+    # learning rate: the held-out loss fell fastest per CPU minute this way (docs/base_model.md)
+    m.patch, m.dim, m.depth, m.heads = 4, 128, 4, 4
+    m.reference_frame, m.prediction = False, "velocity"
+    m.motion_latent = m.pose_branch = False
+    # the warp exploration moves the tiny model's warp head; the end-of-run evaluation
+    # evaluates the tiny model
+    cfg.rollout.warp_exploration = 0.0
+    cfg.train.eval_at_end = False
+    pt.composite_fraction = 0.0
+    pt.batch_size, pt.num_clips, pt.lr = 4, 2, 1e-3
+    pt.steps = 100_000
+    pt.max_minutes = 55.0
+
+
 def build_preset(name: str) -> Config:
     """A fresh config for preset ``name``, not yet validated: the command line sets its fields
     (``model.path`` of the ``wan`` presets) before :func:`validate`."""
@@ -851,10 +882,12 @@ def _validate_decouple(cfg: Config) -> None:
 
 
 def _validate_backbone(cfg: Config) -> None:
-    """``model.path`` is given exactly for a Wan backbone, and a Wan run uses only what is built
-    for it: the pretrained backbone (fp32 weights), no motion latents, no
-    end-of-run evaluation (it evaluates the embedded model), no pose branch (the embedded
-    model's warp head); LoRA only on a Wan backbone, where it decides what trains."""
+    """``model.path`` only for a Wan backbone, and a Wan run uses only what is built for it:
+    no motion latents, no end-of-run evaluation (it evaluates the tiny model), no pose branch
+    (the tiny model's warp head). The embedded Wan model (empty ``model.path``) predicts the
+    velocity of pixel frames without a reference frame, and its head width must suit Wan's
+    3-D rotary embedding; a pretrained backbone (``model.path``) starts from its weights, and
+    LoRA adapts only it, where it decides what trains."""
     m, tr = cfg.model, cfg.train
     _require(m.lora_rank >= 0, "model.lora_rank", "an integer >= 0 (0 = no LoRA)", m.lora_rank)
     _require(m.lora_alpha >= 0, "model.lora_alpha", ">= 0 (0 = the rank)", m.lora_alpha)
@@ -866,16 +899,19 @@ def _validate_backbone(cfg: Config) -> None:
         _require(not m.prompt_embeds, "model.prompt_embeds", "empty with model.backbone 'tiny' "
                  "(it is a Wan backbone's text conditioning)", m.prompt_embeds)
         return
-    _require(bool(m.path), "model.path", f"a local model directory (transformer/ and vae/) "
-             f"with model.backbone {m.backbone!r}", m.path)
     with_backbone = f"(with model.backbone {m.backbone})"
-    _require(tr.init == "base", f"train.init {with_backbone}", "'base' (the backbone in "
-             "model.path)", tr.init)
     _require(not m.motion_latent, f"model.motion_latent {with_backbone}", "false",
              m.motion_latent)
     _require(not m.pose_branch, f"model.pose_branch {with_backbone}", "false", m.pose_branch)
     _require(not tr.eval_at_end, f"train.eval_at_end {with_backbone}", "false",
              tr.eval_at_end)
+    if m.backbone == "wan" and not m.path:
+        _validate_embedded_wan(cfg)
+        return
+    _require(bool(m.path), "model.path", f"a local model directory (transformer/ and vae/) "
+             f"with model.backbone {m.backbone!r}", m.path)
+    _require(tr.init == "base", f"train.init {with_backbone} and a model.path", "'base' (the "
+             "backbone in model.path, with zero-initialised action layers)", tr.init)
     if m.lora_rank:
         _require(len(m.lora_targets) >= 1 and all(m.lora_targets), "model.lora_targets",
                  "a non-empty tuple of module names (with model.lora_rank > 0)", m.lora_targets)
@@ -886,6 +922,23 @@ def _validate_backbone(cfg: Config) -> None:
         # deadlocked in testing; DDP is tested to equal one process
         _require(tr.distributed == "ddp", "train.distributed (with model.lora_rank > 0)",
                  "'ddp'", tr.distributed)
+
+
+def _validate_embedded_wan(cfg: Config) -> None:
+    """The embedded Wan world model (``model.backbone wan``, empty ``model.path``); every error
+    names both, since a missing ``model.path`` is the other way to fix it."""
+    m = cfg.model
+    which = "(with the embedded Wan model: model.backbone wan and no model.path)"
+    _require(m.prediction == "velocity", f"model.prediction {which}",
+             "'velocity' (it has no warp head)", m.prediction)
+    _require(not m.reference_frame, f"model.reference_frame {which}", "false", m.reference_frame)
+    _require(m.lora_rank == 0, f"model.lora_rank {which}", "0 (LoRA adapts a backbone read from "
+             "model.path)", m.lora_rank)
+    _require(not m.prompt_embeds, f"model.prompt_embeds {which}", "empty (its text conditioning "
+             "is one fixed zero token)", m.prompt_embeds)
+    # Wan's rotary embedding gives the frame, row and column axes even slices of a head
+    _require(m.dim % m.heads == 0 and (m.dim // m.heads) % 2 == 0 and m.dim // m.heads >= 6,
+             f"model.dim {which}", f"model.heads={m.heads} times an even head width >= 6", m.dim)
 
 
 def validate(cfg: Config) -> None:

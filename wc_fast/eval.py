@@ -59,8 +59,7 @@ from wc_fast.evaluation import (
 )
 from wc_fast.evaluation.floor import draw_motion_factors, render_sequences
 from wc_fast.evaluation.report import frame_distances
-from wc_fast.models import TinyWorldDiT
-from wc_fast.models.pretrained import load_checkpoint_model
+from wc_fast.models.pretrained import EmbeddedModel, load_checkpoint_model
 from wc_fast.rewards import load_critic, load_estimator, vq_scores
 from wc_fast.rewards.interaction import action_accuracy
 from wc_fast.rollout import generate_history
@@ -99,7 +98,7 @@ class EvalSettings:
         return cls(**{**values, **overrides})
 
 
-def rollout_sequences(model: TinyWorldDiT, prompts: Tensor, actions: Tensor, *, steps: int,
+def rollout_sequences(model: EmbeddedModel, prompts: Tensor, actions: Tensor, *, steps: int,
                       shift: float, seed: int, progress: bool = False) -> Tensor:
     """Generate ``[n, 1 + N*F, C, H, W]`` from prompts ``[n, 1, ...]`` and actions ``[n, N*F]``.
 
@@ -160,7 +159,7 @@ def summarize(acc: Tensor, vq: Tensor, keys: Tensor) -> dict:
     return block
 
 
-def evaluate(model: TinyWorldDiT, settings: EvalSettings, *, estimator=None, critic=None,
+def evaluate(model: EmbeddedModel, settings: EvalSettings, *, estimator=None, critic=None,
              progress: bool = False, keep_frames: bool = False) -> dict:
     """Evaluate ``model`` on the basic and composite sets; the JSON-ready result.
 
@@ -285,9 +284,12 @@ def save_grid(path: str | Path, frames: dict, estimator, max_rows: int = 4) -> P
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m wc_fast.eval",
                                      description="Evaluate action following and quality.")
+    parser.add_argument("--base", choices=config_lib.BASES, default="tiny",
+                        help="the shipped base world model to evaluate: tiny (TinyWorldDiT) or "
+                             "wan (the embedded Wan world model); default tiny")
     parser.add_argument("--checkpoint", default=None,
                         help="world model .safetensors or training checkpoint directory "
-                             "(default: the shipped base model)")
+                             "(overrides --base)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--grid", default=None, help="write a rollout grid PNG here")
     parser.add_argument("--preset", default="cpu",
@@ -315,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if path:  # an unwritable path fails now, not after the whole evaluation
             check_writable_file(path, flag)
     device = resolve_device(args.device)
-    model = load_checkpoint_model(args.checkpoint, device)
+    model = load_checkpoint_model(args.checkpoint, device, base=args.base)
     overrides = {"sequences": args.sequences, "clips": args.clips,
                  "seed": FINAL_EVAL_SEED if args.final else args.seed}
     if args.steps is not None:

@@ -1,8 +1,10 @@
-"""``python -m wc_fast.pretrain``: flow-matching pretraining of the embedded world model.
+"""``python -m wc_fast.pretrain``: flow-matching pretraining of an embedded world model
+(``--base tiny``, :class:`TinyWorldDiT`, or ``--base wan``, the embedded
+:class:`~wc_fast.models.wan.WanWorldModel` on pixels).
 
 Teacher-forced and autoregressive over clips: every clip of a rendered sequence is denoised
 given its clean history (seen at ``model.context_sigma``, with that much noise added), all
-clips in one masked forward (:meth:`TinyWorldDiT.teacher_forced_velocity`). Sequences come
+clips in one masked forward (the model's ``teacher_forced_velocity``). Sequences come
 from the synthetic world with mostly basic actions (``pretrain.composite_fraction``), so the
 base model follows single keys far better than combinations, like WorldPlay. Every
 ``pretrain.eval_every`` steps the live and EMA models are scored on a fixed held-out batch.
@@ -26,9 +28,13 @@ from tqdm import tqdm
 from wc_fast import checkpoint
 from wc_fast import config as config_lib
 from wc_fast.cli import RunArgs, parse_run_args, run_main
-from wc_fast.models import TinyWorldDiT
 from wc_fast.models.motion_latent import LATENTS, factor_latents, with_latents
-from wc_fast.models.pretrained import export_world_model, load_world_model
+from wc_fast.models.pretrained import (
+    EmbeddedModel,
+    export_world_model,
+    load_world_model,
+    new_world_model,
+)
 from wc_fast.run_dir import RunLock, check_writable_dir, claim
 from wc_fast.runtime import generator, resolve_device, stream_seed
 from wc_fast.sampler import time_shift
@@ -44,7 +50,7 @@ RESUMABLE_CHANGES = ("pretrain.steps", "pretrain.out", "pretrain.ckpt_every",
                        if f.name != "shift"))
 
 
-def flow_matching_loss(model: TinyWorldDiT, frames: torch.Tensor, actions: torch.Tensor, *,
+def flow_matching_loss(model: EmbeddedModel, frames: torch.Tensor, actions: torch.Tensor, *,
                        shift: float, gen: torch.Generator,
                        motion_factors: Tensor | None = None) -> torch.Tensor:
     """Velocity MSE over every clip of ``frames`` ``[B, 1 + N*F, C, H, W]``.
@@ -61,7 +67,7 @@ def flow_matching_loss(model: TinyWorldDiT, frames: torch.Tensor, actions: torch
     x0 = frames[:, 1:].reshape(b * n, f, *frames.shape[2:])
     sigma = time_shift(torch.rand(b * n, 1, generator=gen, device=device), shift)
     noise = torch.randn(x0.shape, generator=gen, device=device)
-    if model.cfg.motion_latent:
+    if model.motion_latent:
         if motion_factors is None or tuple(motion_factors.shape) != (b, n, LATENTS):
             raise ValueError(f"a motion_latent model needs motion_factors [{b}, {n}, "
                              f"{LATENTS}] (one key press per clip), got "
@@ -69,13 +75,13 @@ def flow_matching_loss(model: TinyWorldDiT, frames: torch.Tensor, actions: torch
         latents = factor_latents(motion_factors.reshape(b * n, LATENTS)).to(noise.dtype)
         noise = with_latents(noise, latents)
     x_t, v_target = flow_noise(x0, sigma, noise)
-    ctx_sigma = model.cfg.context_sigma
+    ctx_sigma = model.context_sigma
     context = (1 - ctx_sigma) * frames + ctx_sigma * torch.randn(frames.shape, generator=gen,
                                                                   device=device)
-    motion = latents.reshape(b, n, LATENTS) if model.cfg.motion_latent else None
+    # only a motion-latent model takes (and needs) the clips' latents
+    motion = {"motion": latents.reshape(b, n, LATENTS)} if model.motion_latent else {}
     v = model.teacher_forced_velocity(context, actions, x_t.reshape(b, n * f, *x0.shape[2:]),
-                                      sigma.reshape(b, n), context_sigma=ctx_sigma,
-                                      motion=motion)
+                                      sigma.reshape(b, n), context_sigma=ctx_sigma, **motion)
     return (v - v_target.reshape(v.shape)).square().mean()
 
 
@@ -99,15 +105,14 @@ def ema_with_warmup(decay: float):
     return update
 
 
-def start_from(model: TinyWorldDiT, path: str) -> None:
+def start_from(model: EmbeddedModel, path: str) -> None:
     """Load exported weights ``path`` into ``model``; sizes must match ``model.cfg``. Layers
     the weights lack (the zero-initialised motion embedding, when turning ``motion_latent``
     on) keep their initialisation."""
     loaded = load_world_model(path)
     if loaded.signature != model.signature:
         raise ValueError(f"pretrain.init {path}: weights of sizes {loaded.signature}, the "
-                         f"config wants {model.signature} (resolution, channels, patch, dim, "
-                         f"depth, heads)")
+                         f"config wants {model.signature}")
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     new = [k for k in missing if not k.startswith("motion_embed.")]
     if new or unexpected:
@@ -146,7 +151,7 @@ def held_out_batch(cfg: config_lib.Config) -> Clips:
                             clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
 
 
-def batch_loss(model: TinyWorldDiT, batch: Clips, cfg: config_lib.Config,
+def batch_loss(model: EmbeddedModel, batch: Clips, cfg: config_lib.Config,
                gen: torch.Generator) -> Tensor:
     """:func:`flow_matching_loss` of a rendered batch on the model's device."""
     device = next(model.parameters()).device
@@ -156,11 +161,11 @@ def batch_loss(model: TinyWorldDiT, batch: Clips, cfg: config_lib.Config,
 
 
 @torch.no_grad()
-def held_out_losses(models: dict[str, TinyWorldDiT], batch: Clips, cfg: config_lib.Config
+def held_out_losses(models: dict[str, EmbeddedModel], batch: Clips, cfg: config_lib.Config
                     ) -> dict[str, float]:
     """Flow-matching loss of each of ``models`` on the held-out ``batch`` with a fixed noise
     stream, so values at different steps are comparable."""
-    device = next(iter(models.values())).patch_embed.weight.device
+    device = next(next(iter(models.values())).parameters()).device
     return {name: batch_loss(model, batch, cfg,
                              generator(cfg.pretrain.seed, "held_out", device=device)).item()
             for name, model in models.items()}
@@ -168,8 +173,9 @@ def held_out_losses(models: dict[str, TinyWorldDiT], batch: Clips, cfg: config_l
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Check and lock ``pretrain.out`` (:mod:`wc_fast.run_dir`), then pretrain in it."""
-    run = parse_run_args("python -m wc_fast.pretrain", "Pretrain the embedded world model.",
-                         argv, steps_field="pretrain.steps", out_field="pretrain.out")
+    run = parse_run_args("python -m wc_fast.pretrain", "Pretrain an embedded world model.",
+                         argv, steps_field="pretrain.steps", out_field="pretrain.out",
+                         with_base=True)
     resolve_device(run.config.train.device)
     out = check_writable_dir(run.config.pretrain.out, "pretrain.out")
     with RunLock(out):
@@ -182,7 +188,7 @@ def _pretrain(run: RunArgs) -> int:
     device = resolve_device(cfg.train.device)
     out = Path(pt.out)
     torch.manual_seed(pt.seed)
-    model = TinyWorldDiT(cfg.model).to(device)
+    model = new_world_model(cfg.model, seed=pt.seed).to(device)
     if pt.init:
         start_from(model, pt.init)
     ema = AveragedModel(model, avg_fn=ema_with_warmup(pt.ema), use_buffers=True)
@@ -202,7 +208,7 @@ def _pretrain(run: RunArgs) -> int:
         start, log = ckpt.step, ckpt.state["log"]
         print(f"resumed from {ckpt.path} at step {start}")
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"pretraining TinyWorldDiT ({n_params / 1e6:.2f} M parameters) on {device}: "
+    print(f"pretraining {type(model).__name__} ({n_params / 1e6:.2f} M parameters) on {device}: "
           f"{pt.steps} steps of {pt.batch_size} sequences x {pt.num_clips} clips")
     held_out = held_out_batch(cfg)
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
-"""The shipped base world model: load it, or export a new one (with its model card); the
-Wan backbone with its VAE from a local diffusers directory; and WorldPlay with the
-HunyuanVideo-1.5 VAE."""
+"""The shipped base world models (``tiny`` and ``wan``): load them, or export a new one (with
+its model card); the Wan backbone with its VAE from a local diffusers directory; and WorldPlay
+with the HunyuanVideo-1.5 VAE."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from wc_fast.models.lora import import_peft
 from wc_fast.models.protocol import FrameCodec, PixelFrames
 from wc_fast.models.tiny_dit import DTYPES, TinyWorldDiT
 from wc_fast.models.wan import WanWorldModel
+from wc_fast.models.wan_embedded import embedded_wan_model
 from wc_fast.models.wan_vae import WanLatentCodec, spatial_factor
 from wc_fast.models.worldplay import WorldPlayWorldModel
 from wc_fast.models.worldplay_vae import HunyuanLatentCodec
@@ -26,11 +27,32 @@ from wc_fast.models.worldplay_vae import spatial_factor as hunyuan_spatial_facto
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BASE_WEIGHTS = ASSETS / "base_model.safetensors"
 BASE_CARD = ASSETS / "base_model.json"
+# the shipped base world models by name (``--base NAME``)
+BASE_MODELS = {"tiny": BASE_WEIGHTS, "wan": ASSETS / "wan_base_model.safetensors"}
+
+# a world model built from a ModelConfig alone (no diffusers directory): what pretraining
+# trains and an exported weights file holds
+EmbeddedModel = TinyWorldDiT | WanWorldModel
+
+
+def new_world_model(cfg: ModelConfig, *, seed: int = 0) -> EmbeddedModel:
+    """A randomly initialised embedded world model of ``cfg``: :class:`TinyWorldDiT` for
+    ``model.backbone tiny``, the embedded :class:`WanWorldModel` for ``wan`` with an empty
+    ``model.path`` (its key vectors drawn from ``seed``). A Wan backbone read from a diffusers
+    directory raises ``ValueError`` naming ``model.path``."""
+    if cfg.backbone == "tiny":
+        return TinyWorldDiT(cfg)
+    if cfg.path:
+        raise ValueError(f"model.path {cfg.path!r} names a pretrained Wan backbone; an embedded "
+                         "world model (built and pretrained here) needs an empty model.path")
+    return embedded_wan_model(cfg, seed=seed)
 
 
 def load_world_model(weights: str | Path = BASE_WEIGHTS, *, device: torch.device | str = "cpu"
-                     ) -> TinyWorldDiT:
-    """A :class:`TinyWorldDiT` from ``weights`` (``.safetensors`` with a ``.json`` card beside).
+                     ) -> EmbeddedModel:
+    """An embedded world model from ``weights`` (``.safetensors`` with a ``.json`` card beside):
+    a :class:`TinyWorldDiT`, or the embedded :class:`WanWorldModel` when the card's
+    ``model.backbone`` is ``wan``.
 
     The card holds the model config, validated before the model is built (``ValueError``
     naming the card and the field). Missing files raise ``FileNotFoundError`` naming the path
@@ -41,9 +63,9 @@ def load_world_model(weights: str | Path = BASE_WEIGHTS, *, device: torch.device
     for path in (weights, card_path):
         if not path.is_file():
             raise FileNotFoundError(f"world model file {path} not found; train one with "
-                                    "`python -m wc_fast.pretrain` (it exports "
+                                    "`python -m wc_fast.pretrain [--base tiny|wan]` (it exports "
                                     "<out>/base_model.safetensors and .json)")
-    model = TinyWorldDiT(_card_model(card_path))
+    model = new_world_model(_card_model(card_path))
     model.load_state_dict(load_file(weights))
     return model.to(device).eval()
 
@@ -77,7 +99,7 @@ def _checkpoint_model(path: Path, meta: dict) -> ModelConfig:
         raise checkpoint.CheckpointError(f"checkpoint {path}: the config in meta.json is "
                                          f"invalid: {exc}") from exc
     with torch.device("meta"):
-        need = sum(p.numel() * 4 for p in TinyWorldDiT(cfg).parameters())
+        need = sum(p.numel() * 4 for p in new_world_model(cfg).parameters())
     have = sum((path / f"{name}.safetensors").stat().st_size for name in meta["models"][:1])
     if need > have:
         raise checkpoint.CheckpointError(f"checkpoint {path}: meta.json's model config needs "
@@ -86,7 +108,22 @@ def _checkpoint_model(path: Path, meta: dict) -> ModelConfig:
     return cfg
 
 
-def export_world_model(model: TinyWorldDiT, path: str | Path, card: dict) -> Path:
+def load_base_model(name: str, device: torch.device | str = "cpu") -> EmbeddedModel:
+    """The shipped base world model ``name`` (one of :data:`BASE_MODELS`: ``tiny``, ``wan``).
+
+    A base whose weights are not in the package raises ``FileNotFoundError`` naming the
+    command that pretrains it (``docs/base_model.md`` says which bases ship)."""
+    if name not in BASE_MODELS:
+        raise ValueError(f"base model must be one of {sorted(BASE_MODELS)}, got {name!r}")
+    if not BASE_MODELS[name].is_file():
+        raise FileNotFoundError(f"base model {name!r} is not shipped ({BASE_MODELS[name]} not "
+                                f"found): pretrain it with `python -m wc_fast.pretrain --base "
+                                f"{name} --out DIR` and pass DIR/base_model.safetensors as "
+                                f"--checkpoint")
+    return load_world_model(BASE_MODELS[name], device=device)
+
+
+def export_world_model(model: EmbeddedModel, path: str | Path, card: dict) -> Path:
     """Write ``path`` (``.safetensors``) and its ``.json`` card (``card`` plus the model config)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,18 +134,20 @@ def export_world_model(model: TinyWorldDiT, path: str | Path, card: dict) -> Pat
     return path
 
 
-def load_checkpoint_model(path: str | Path | None, device: torch.device) -> TinyWorldDiT:
-    """The shipped base model (None), an exported ``.safetensors``, or a checkpoint directory:
-    of ``wc_fast.train`` (its current model) or of ``wc_fast.pretrain`` (its EMA weights, which
-    are what pretraining exports)."""
+def load_checkpoint_model(path: str | Path | None, device: torch.device, *, base: str = "tiny"
+                          ) -> EmbeddedModel:
+    """The shipped base model ``base`` (``path`` None), an exported ``.safetensors``, or a
+    checkpoint directory: of ``wc_fast.train`` (its current model) or of ``wc_fast.pretrain``
+    (its EMA weights, which are what pretraining exports); its ``meta.json`` config says which
+    embedded model it holds."""
     if path is None:
-        return load_world_model(BASE_WEIGHTS, device=device)
+        return load_base_model(base, device)
     path = Path(path)
     if path.is_dir():
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"{path} holds no meta.json: not a wc_fast checkpoint")
         meta = checkpoint.verify(path)  # hashes and meta.json's shape, before anything is built
-        model = TinyWorldDiT(_checkpoint_model(path, meta)).to(device)
+        model = new_world_model(_checkpoint_model(path, meta)).to(device)
         if "ema" in meta["models"]:
             ema = AveragedModel(model, use_buffers=True)
             checkpoint.load(path, models={"ema": ema}, restore_rng=False)
@@ -195,8 +234,8 @@ def load_worldplay_world_model(cfg: ModelConfig, device: torch.device | str = "c
 
 def frame_codec(cfg: ModelConfig, device: torch.device | str = "cpu") -> FrameCodec:
     """The map between the model's frames and pixel frames: the identity for the embedded
-    model, the VAE of ``cfg.path`` for a Wan or WorldPlay backbone."""
-    if cfg.backbone == "wan":
+    model, the VAE of ``cfg.path`` for a Wan or WorldPlay backbone read from there."""
+    if cfg.backbone == "wan" and cfg.path:
         return WanLatentCodec.from_pretrained(cfg.path, pixel_size=cfg.resolution, device=device)
     if cfg.backbone == "worldplay":
         return HunyuanLatentCodec.from_pretrained(cfg.path, pixel_size=cfg.resolution,

@@ -1,8 +1,9 @@
 """WanWorldModel: diffusers' ``WanTransformer3DModel`` as a block-causal, action-conditioned
 world model over a shared history KV cache.
 
-It works in the transformer's latent space: clips are latents ``[B, F, C, H, W]`` with ``C``
-the transformer's ``in_channels`` (decoding them is the VAE's job, not this module's). The
+It works in the transformer's input space: clips are ``[B, F, C, H, W]`` with ``C`` the
+transformer's ``in_channels``, latents of the Wan VAE (decoding them is the VAE's job, not this
+module's) or, for the embedded model (:mod:`wc_fast.models.wan_embedded`), pixels. The
 history is one prompt latent frame, then whole clips of ``clip_frames`` latent frames; each
 chunk attends to itself and to earlier chunks. Every self-attention layer's keys and values
 (after RoPE) of the clean history are kept once in a :class:`ContextCache` and shared by all
@@ -38,6 +39,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from wc_fast.config import ModelConfig
 from wc_fast.models.clips import (
     Attend,
     check_action_offset,
@@ -211,7 +213,11 @@ class WanWorldModel(nn.Module):
     the backward instead of keeping its activations, in forwards that build a graph.
     ``autocast_dtype``: the dtype the blocks' matmuls and attention run in (``torch.autocast``;
     bf16 on a GPU), with the weights, the modulation arithmetic and the outputs in fp32; the
-    history cache then holds keys and values in that dtype.
+    history cache then holds keys and values in that dtype. ``pixels``: the frames are pixels
+    in [-1, 1] (the embedded model, :mod:`wc_fast.models.wan_embedded`), which
+    :meth:`bound_frames` clamps; latents are left unbounded. ``cfg``: the
+    :class:`~wc_fast.config.ModelConfig` the embedded model was built from (what its card
+    stores), ``None`` for a backbone read from a diffusers directory.
     """
 
     motion_latent = False
@@ -221,19 +227,22 @@ class WanWorldModel(nn.Module):
                  latent_size: tuple[int, int], prompt_embeds: Tensor | None = None,
                  context_sigma: float = 0.0, attention_backend: str = "auto",
                  seed: int = 0, activation_checkpointing: bool = False,
-                 autocast_dtype: torch.dtype = torch.float32) -> None:
+                 autocast_dtype: torch.dtype = torch.float32, pixels: bool = False,
+                 cfg: ModelConfig | None = None) -> None:
         super().__init__()
-        cfg = transformer.config
-        p_t, p_h, p_w = cfg.patch_size
+        arch = transformer.config
+        p_t, p_h, p_w = arch.patch_size
         height, width = latent_size
         if p_t != 1:
             raise ValueError(f"the transformer's temporal patch size must be 1, got {p_t}")
-        if cfg.image_dim is not None or cfg.added_kv_proj_dim is not None:
+        if arch.image_dim is not None or arch.added_kv_proj_dim is not None:
             raise ValueError("image-conditioned (I2V) Wan transformers are not supported")
         if clip_frames < 1 or height % p_h or width % p_w:
             raise ValueError(f"clip_frames must be >= 1 and latent_size a multiple of the patch "
                              f"({p_h}, {p_w}), got {clip_frames} and {latent_size}")
         self.transformer = transformer
+        self.pixels = pixels
+        self.cfg = cfg
         self.clip_frames = clip_frames
         self.context_sigma = context_sigma
         self.latent_size = (height, width)
@@ -248,12 +257,12 @@ class WanWorldModel(nn.Module):
         self.seed = seed
         self.lora: tuple[int, float, tuple[str, ...]] | None = None
         param = transformer.patch_embedding.weight
-        dim = cfg.num_attention_heads * cfg.attention_head_dim
+        dim = arch.num_attention_heads * arch.attention_head_dim
         if prompt_embeds is None:
-            prompt_embeds = torch.zeros(1, 1, cfg.text_dim)
+            prompt_embeds = torch.zeros(1, 1, arch.text_dim)
         if prompt_embeds.dim() != 3 or prompt_embeds.shape[0] != 1 or (
-                prompt_embeds.shape[2] != cfg.text_dim):
-            raise ValueError(f"prompt_embeds must have shape [1, L, {cfg.text_dim}], got "
+                prompt_embeds.shape[2] != arch.text_dim):
+            raise ValueError(f"prompt_embeds must have shape [1, L, {arch.text_dim}], got "
                              f"{tuple(prompt_embeds.shape)}")
         self.register_buffer("prompt_embeds", prompt_embeds.to(param), persistent=False)
         self.register_buffer("keys_of_action", key_table(), persistent=False)
@@ -314,7 +323,8 @@ class WanWorldModel(nn.Module):
                              context_sigma=self.context_sigma,
                              attention_backend=self.attention_backend, seed=self.seed,
                              activation_checkpointing=self.activation_checkpointing,
-                             autocast_dtype=self.autocast_dtype)
+                             autocast_dtype=self.autocast_dtype, pixels=self.pixels,
+                             cfg=self.cfg)
         if self.lora is not None:
             copy.add_lora(*self.lora, seed=self.seed)
         return copy
@@ -355,8 +365,9 @@ class WanWorldModel(nn.Module):
         return [*(p for m in modules for p in m.parameters()), *tables, tr.scale_shift_table]
 
     def bound_frames(self, frames: Tensor) -> Tensor:
-        """Sampled latents as history and candidates: unchanged (latents are not bounded)."""
-        return frames
+        """Sampled clips as history and candidates: pixels clamped to [-1, 1], latents
+        unchanged (they are not bounded)."""
+        return frames.clamp(-1, 1) if self.pixels else frames
 
     def velocity_flops(self, batch: int, prefix_tokens: int) -> float:
         """Forward FLOPs of :meth:`velocity` for ``batch`` clips over ``prefix_tokens`` of history
@@ -516,7 +527,9 @@ class WanWorldModel(nn.Module):
                attend_for: Callable[[int], Attend], action_offset: Tensor | None = None
                ) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor]]:
         """Every block on ``frames`` ``[B, F, C, H, W]`` at per-frame ``sigma`` and ``actions``
-        ``[B, F]`` and frame ``positions`` ``[F]``; layer ``i`` attends with ``attend_for(i)``.
+        ``[B, F]`` (movement keys shifted by ``action_offset`` ``[B, 8]``, see
+        :meth:`_conditioning`) and frame ``positions`` ``[F]``; layer ``i`` attends with
+        ``attend_for(i)``.
 
         Returns the last block's tokens ``[B, F*h*w, D]``, the per-frame timestep embedding
         ``[B, F, D]`` and every layer's position-encoded keys and values ``[B, H, F*h*w, Dh]``.
