@@ -16,6 +16,7 @@ from torch import nn
 
 from wc_fast.config import ModelConfig
 from wc_fast.models import TinyWorldDiT, WorldModel
+from wc_fast.models.pretrained import new_world_model
 from wc_fast.models.protocol import WORLD_MODEL_MEMBERS, check_world_model
 from wc_fast.models.wan import WanWorldModel
 
@@ -47,6 +48,11 @@ def wan() -> WorldModel:
     return _randomise(model, 1)
 
 
+def wan_pixels() -> WorldModel:
+    cfg = dataclasses.replace(TINY, backbone="wan", patch=4, reference_frame=False)
+    return _randomise(new_world_model(cfg), 3)
+
+
 def worldplay() -> WorldModel:
     from test_worldplay_model import fixture_model
 
@@ -55,7 +61,7 @@ def worldplay() -> WorldModel:
 
 BACKBONES = {"tiny_velocity": tiny(), "tiny_warp": tiny("warp", pose_branch=True),
              "tiny_motion_latent": tiny("x0", motion_latent=True), "wan_latent": wan,
-             "worldplay": worldplay}
+             "wan_pixels": wan_pixels, "worldplay": worldplay}
 
 
 @pytest.fixture(params=list(BACKBONES))

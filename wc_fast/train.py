@@ -39,13 +39,15 @@ from wc_fast.metrics import (
     matmul_flops,
     plot_rewards,
 )
-from wc_fast.models import TinyWorldDiT, WorldModel
+from wc_fast.models import WorldModel
 from wc_fast.models.pretrained import (
-    BASE_WEIGHTS,
+    BASE_MODELS,
     frame_codec,
+    load_base_model,
     load_wan_world_model,
     load_world_model,
     load_worldplay_world_model,
+    new_world_model,
 )
 from wc_fast.preemption import EXIT_PREEMPTED, StopRequest
 from wc_fast.run_dir import RunLock, check_writable_dir, claim
@@ -66,29 +68,34 @@ RUN_CHOICES = ("dtype", "activation_checkpointing")
 
 
 def initial_model(cfg: config_lib.Config, device: torch.device) -> WorldModel:
-    """The model RL starts from: the shipped base model, a weights file, or a random init; for
-    a Wan or WorldPlay backbone, the one in ``model.path``."""
-    if cfg.model.backbone == "wan":
-        return load_wan_world_model(cfg.model, device, seed=cfg.train.seed).train()
-    if cfg.model.backbone == "worldplay":
-        return load_worldplay_world_model(cfg.model, device, seed=cfg.train.seed).train()
+    """The model RL starts from: the shipped base model of ``model.backbone`` (``--base``), a
+    weights file, or a random init; for a Wan or WorldPlay backbone with a ``model.path``, the
+    one there."""
+    m = cfg.model
+    if m.backbone == "wan" and m.path:
+        return load_wan_world_model(m, device, seed=cfg.train.seed).train()
+    if m.backbone == "worldplay":
+        return load_worldplay_world_model(m, device, seed=cfg.train.seed).train()
     if cfg.train.init == "random":
         torch.manual_seed(cfg.train.seed)
-        return TinyWorldDiT(cfg.model).to(device)
-    path = BASE_WEIGHTS if cfg.train.init == "base" else Path(cfg.train.init)
-    model = load_world_model(path, device=device)
-    if cfg.model.pose_branch and not model.cfg.pose_branch:
+        return new_world_model(m, seed=cfg.train.seed).to(device)
+    if cfg.train.init == "base":
+        path, model = BASE_MODELS[m.backbone], load_base_model(m.backbone, device)
+    else:
+        path = Path(cfg.train.init)
+        model = load_world_model(path, device=device)
+    if m.pose_branch and not model.cfg.pose_branch:
         model.add_pose_branch()  # zero-initialised: the loaded model is unchanged
     # the weights are fp32 whatever dtype they were trained in: model.dtype (the autocast
     # dtype of the matmuls) and activation checkpointing are choices of this run, every other
     # field must match the weights
-    diffs = [f"model.{k}: weights {v!r} vs config {getattr(cfg.model, k)!r}"
+    diffs = [f"model.{k}: weights {v!r} vs config {getattr(m, k)!r}"
              for k, v in dataclasses.asdict(model.cfg).items()
-             if k not in RUN_CHOICES and getattr(cfg.model, k) != v]
+             if k not in RUN_CHOICES and getattr(m, k) != v]
     if diffs:
         raise ValueError(f"{path} does not match the configured model ({'; '.join(diffs)}); "
                          "use a matching --model.* or --train.init random")
-    model.cfg = dataclasses.replace(model.cfg, **{k: getattr(cfg.model, k) for k in RUN_CHOICES})
+    model.cfg = dataclasses.replace(model.cfg, **{k: getattr(m, k) for k in RUN_CHOICES})
     return model.train()
 
 
@@ -220,7 +227,7 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
     return False
 
 
-def summary(cfg: config_lib.Config, trained: TinyWorldDiT, device: torch.device,
+def summary(cfg: config_lib.Config, trained: WorldModel, device: torch.device,
             console: Console, log: MetricsLog | None = None) -> dict:
     """Base vs trained evaluation (eval estimator, not the reward one) and a rollout grid
     (also to ``log``'s trackers)."""
@@ -249,7 +256,8 @@ def summary(cfg: config_lib.Config, trained: TinyWorldDiT, device: torch.device,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The run; errors raise (``python -m wc_fast.train`` reports them in one line)."""
-    run = parse_run_args("python -m wc_fast.train", "WorldCompass RL post-training.", argv)
+    run = parse_run_args("python -m wc_fast.train", "WorldCompass RL post-training.", argv,
+                         with_base=True)
     cfg = run.config
     device = resolve_device(cfg.train.device)
     out = check_writable_dir(cfg.train.out, "train.out")
