@@ -75,6 +75,7 @@ from wc_fast.rewards.weights import ASSETS  # noqa: E402
 # recipe of docs/design.md section 4.3): every row of the paper's family is this plus its
 # change
 PAPER_RECIPE = ["--model.pose_branch", "false", "--rollout.warp_exploration", "0",
+                "--rollout.action_exploration", "0",
                 "--optim.trainable", "all", "--optim.lr", "3e-5",
                 "--rollout.groups_per_rank", "2", "--rollout.num_clips", "3",
                 "--rollout.composite_fraction", "0.5", "--reward.lam", str(2 / 3),
@@ -97,25 +98,29 @@ PAPER_ROWS = {name: [*PAPER_RECIPE, *change] for name, change in {
     "full": [], "sample": ["--rollout.mode", "sample"], "if_only": ["--reward.kind", "if"],
     "vq_only": ["--reward.kind", "vq"], "sde": ["--rollout.exploration", "sde"],
     "own_latents": ["--nft.latent_pairing", "own"], **GRPO_FAMILY}.items()}
-# exploration in camera motion moves the NFT update's warp head, so the GRPO updates of the
-# default recipe explore by their SDE noise alone, as the recipe_sde row does
-NO_WARP_EXPLORATION = ["--rollout.warp_exploration", "0"]
-ACTION_EXPLORATION = ["--rollout.action_exploration", "0.125"]
-# the default recipe and the paper's ablations of it, its GRPO family, then the paper's family
-ROWS = {"recipe": [], "recipe_if_only": ["--reward.kind", "if"],
-        "recipe_vq_only": ["--reward.kind", "vq"],
-        "recipe_sde": ["--rollout.exploration", "sde", *NO_WARP_EXPLORATION],
-        "recipe_3clips": ["--rollout.num_clips", "3"],
-        "recipe_sample": ["--rollout.num_clips", "3", "--rollout.mode", "sample"]} | {
-    f"recipe_{name}": [*(NO_WARP_EXPLORATION if "flow_grpo" in change else []), *change]
-    for name, change in GRPO_FAMILY.items()} | {
+# the default recipe explores camera motion through every candidate's action conditioning;
+# without it (and for the GRPO rows matched to that) no row explores in motion
+NO_EXPLORATION = ["--rollout.action_exploration", "0"]
+# the previous default: exploration through the embedded model's warp head instead
+WARP_RECIPE = [*NO_EXPLORATION, "--rollout.warp_exploration", "0.25"]
+DANCE_GRPO = GRPO_FAMILY["flow_grpo_same"]
+# the default recipe and its exploration ablation, NFT against the GRPO family with matched
+# exploration (both without, and DanceGRPO with), then the warp recipe with the paper's
+# ablations of it and World-R1's options, then the paper's family
+ROWS = {"recipe": [], "recipe_no_exploration": NO_EXPLORATION,
+        "recipe_warp": WARP_RECIPE,
+        "recipe_sde": ["--rollout.exploration", "sde", *NO_EXPLORATION]} | {
+    f"recipe_{name}": [*NO_EXPLORATION, *GRPO_FAMILY[name]]
+    for name in ("flow_grpo", "flow_grpo_same", "flow_grpo_fast")} | {
     # DanceGRPO at a sixth of the recipe's learning rate (at the recipe's it falls below the base)
-    "recipe_flow_grpo_same_lr1e-4": [*NO_WARP_EXPLORATION, *GRPO_FAMILY["flow_grpo_same"],
-                                     "--optim.lr", "1e-4"],
-    # exploration in camera motion (issue: the recipe travels): none, or through the action
-    # conditioning every backbone has instead of the embedded model's warp head
-    "recipe_no_exploration": NO_WARP_EXPLORATION,
-    "recipe_action_exploration": [*NO_WARP_EXPLORATION, *ACTION_EXPLORATION]} | PAPER_ROWS
+    "recipe_flow_grpo_same_lr1e-4": [*NO_EXPLORATION, *DANCE_GRPO, "--optim.lr", "1e-4"],
+    "recipe_flow_grpo_same_explored": DANCE_GRPO,
+    "recipe_warp_if_only": [*WARP_RECIPE, "--reward.kind", "if"],
+    "recipe_warp_vq_only": [*WARP_RECIPE, "--reward.kind", "vq"],
+    "recipe_warp_3clips": [*WARP_RECIPE, "--rollout.num_clips", "3"],
+    "recipe_warp_sample": [*WARP_RECIPE, "--rollout.num_clips", "3", "--rollout.mode", "sample"]
+} | {f"recipe_warp_{name}": [*WARP_RECIPE, *GRPO_FAMILY[name]]
+     for name in ("trajectory", "decoupled", "noise_warp")} | PAPER_ROWS
 TABLE1_ROW = "recipe"
 # the shipped models an evaluation reads (asset names in wc_fast/assets)
 SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic_eval")
@@ -123,25 +128,39 @@ SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic
 # (the update guard acts only on an update larger than the weights it changes, which none of
 # the cached runs made)
 FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio": 1.0}
-# each family's full row, the prefix of its ablations' names, and its name in the doc
-FAMILIES = (("recipe", "recipe_", "default recipe"), ("full", "", "paper recipe"))
+# NFT against DanceGRPO with the same exploration in camera motion, per family: (NFT row, GRPO
+# row's name in the family, what they share); "{}" is the family's full row
+MATCHED_UPDATES = {"recipe": (("recipe_no_exploration", "flow_grpo_same",
+                               ", both without exploration in motion"),
+                              ("{}", "flow_grpo_same_explored",
+                               ", both exploring through the actions"))}
+# each family's full row, the prefix of its ablations' names, and its name in the doc (the
+# first prefix a row starts with names its family)
+FAMILIES = (("recipe_warp", "recipe_warp_", "warp recipe"), ("recipe", "recipe_", "default recipe"),
+            ("full", "", "paper recipe"))
 TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "sample": "paper recipe, sample-level rollouts",
           "if_only": "paper recipe, IF reward only", "vq_only": "paper recipe, VQ reward only",
           "sde": "paper recipe, same-noise SDE exploration",
           "own_latents": "paper recipe, each candidate's own latents in the update",
-          "recipe": "the default recipe (exploration in camera motion)",
-          "recipe_if_only": "default recipe, IF reward only",
-          "recipe_vq_only": "default recipe, VQ reward only",
-          "recipe_sde": "default recipe, same-noise SDE exploration",
-          "recipe_3clips": "default recipe on clips 1-3",
-          "recipe_sample": "default recipe on clips 1-3, sample-level rollouts"} | {
+          "recipe": "the default recipe (exploration through the actions)",
+          "recipe_no_exploration": "default recipe, no exploration in camera motion",
+          "recipe_warp": "warp recipe: the default with the warp head's exploration instead "
+                         "(the previous default)",
+          "recipe_sde": "default recipe without exploration in motion, same-noise SDE "
+                        "exploration",
+          "recipe_warp_if_only": "warp recipe, IF reward only",
+          "recipe_warp_vq_only": "warp recipe, VQ reward only",
+          "recipe_warp_3clips": "warp recipe on clips 1-3",
+          "recipe_warp_sample": "warp recipe on clips 1-3, sample-level rollouts"} | {
     f"{prefix}{name}": f"{family}, {title}" for _, prefix, family in FAMILIES
     for name, title in GRPO_TITLES.items()} | {
-    "recipe_flow_grpo_same_lr1e-4": "default recipe, DanceGRPO at lr 1e-4",
-    "recipe_no_exploration": "default recipe, no exploration in camera motion",
-    "recipe_action_exploration": "default recipe, exploration through the actions instead of "
-                                 "the warp head"}
+    f"recipe_{name}": f"default recipe without exploration in motion, {title}"
+    for name, title in GRPO_TITLES.items() if name.startswith("flow_grpo")} | {
+    "recipe_flow_grpo_same_lr1e-4": "default recipe without exploration in motion, DanceGRPO "
+                                    "at lr 1e-4",
+    "recipe_flow_grpo_same_explored": "default recipe, DanceGRPO with the same exploration "
+                                      "through the actions"}
 
 
 def score(model_path: str | None, sequences: int, clips: int) -> dict:
@@ -245,7 +264,8 @@ def _mean_sd(values: list[float], *, signed: bool = False) -> str:
 
 def _table1(base: dict, trained: list[dict]) -> list[str]:
     """Accuracy per set and horizon, then VQ per set: base, trained and the paired change."""
-    lines = [f"## Table 1 analog: base vs trained (`{TABLE1_ROW}`, {len(trained)} seeds)", "",
+    seeds = f"{len(trained)} seed{'' if len(trained) == 1 else 's'}"
+    lines = [f"## Table 1 analog: base vs trained (`{TABLE1_ROW}`, {seeds})", "",
              "| set | horizon | base | trained | change |", "|---|---|---|---|---|"]
 
     def cells(f) -> str:
@@ -346,7 +366,7 @@ def write_doc(doc: Path, results: dict, command: str, settings: dict,
     lines += _table2(results)
     lines += ["", "s / iteration: the median over a run's iterations of rollout + reward + train "
               "seconds (its `metrics.jsonl`), and its ratio to its family's full NFT row's "
-              "(`recipe` or the paper recipe's `full`); comparable only between runs made on "
+              "(`recipe`, `recipe_warp` or the paper recipe's `full`); comparable only between runs made on "
               "an otherwise idle machine (runs trained beside another keep their time as "
               "`seconds_parallel` in their cache file, and are left out of this column).", ""]
     if speed is not None:
@@ -410,10 +430,12 @@ def orderings(results: dict) -> list[str]:
             ok = mean(name.format("sde"), two_key) - base < mean(full, two_key) - base
             checks.append(("same-noise SDE exploration gains less two-key accuracy than full"
                            + family, ok))
-        if name.format("flow_grpo_same") in results:
-            ok = mean(full, two_key) > mean(name.format("flow_grpo_same"), two_key)
-            checks.append(("NFT ends with higher two-key accuracy than DanceGRPO-style GRPO"
-                           + family, ok))
+        for nft, grpo, matched in MATCHED_UPDATES.get(full, ((full, "flow_grpo_same", ""),)):
+            nft, grpo = nft.format(full), name.format(grpo)
+            if nft in results and grpo in results:
+                ok = mean(nft, two_key) > mean(grpo, two_key)
+                checks.append(("NFT ends with higher two-key accuracy than DanceGRPO-style GRPO"
+                               + matched + family, ok))
     return [f"- {text}: **{'yes' if ok else 'no'}**" for text, ok in checks] or [
         "- (no ablation rows run)"]
 

@@ -106,10 +106,11 @@ def test_replicate_writes_both_tables_and_checks_the_orderings(tmp_path):
     replicate = _load("replicate")
     results = {"base": [_study_result(0.40, 1.0, 0.8)],
                "recipe": [_study_result(0.50, 1.5, 0.8), _study_result(0.60, 1.7, 0.8)],
-               "recipe_sample": [_study_result(0.40, 1.0, 0.8)],
-               "recipe_if_only": [_study_result(0.55, 0.5, 0.9)],
-               "recipe_vq_only": [_study_result(0.30, 2.0, 0.5)],
                "recipe_sde": [_study_result(0.45, 1.2, 0.8)],
+               "recipe_warp": [_study_result(0.52, 1.5, 0.8)],
+               "recipe_warp_sample": [_study_result(0.40, 1.0, 0.8)],
+               "recipe_warp_if_only": [_study_result(0.55, 0.5, 0.9)],
+               "recipe_warp_vq_only": [_study_result(0.30, 2.0, 0.5)],
                "full": [_study_result(0.42, 1.1, 0.8)],
                "if_only": [_study_result(0.43, 1.3, 0.8)]}
     doc = tmp_path / "replication.md"
@@ -119,9 +120,12 @@ def test_replicate_writes_both_tables_and_checks_the_orderings(tmp_path):
     # trained mean +/- sd, then the paired change over the base
     assert "| composite_2key | all | 0.400 | 0.550 +/- 0.071 | +0.150 +/- 0.071 |" in text
     assert "| basic | 1.000 | 1.600 +/- 0.141 | +0.600 +/- 0.141 |" in text
-    assert "| default recipe, same-noise SDE exploration | 1 | 0.450 |" in text
+    assert ("| default recipe without exploration in motion, same-noise SDE exploration | 1 "
+            "| 0.450 |") in text
     assert "| 1.200 / 1.200 |" in text  # VQ on basic and on two-key commands
-    assert text.count(": **yes**") == 4  # every ordering of the paper holds in the recipe's rows
+    # every ordering of the paper holds in the recipe's and the warp recipe's rows
+    assert text.count(": **yes**") == 4
+    assert "lower VQ than full training (warp recipe): **yes**" in text
     assert "lower VQ than full training (paper recipe): **no**" in text  # 1.3 against 1.1
     results["recipe_sde"] = [_study_result(0.70, 1.2, 0.8)]
     replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
@@ -155,8 +159,8 @@ def test_replicate_tabulates_the_side_by_side_timing_when_given(tmp_path):
                         speed)
     text = doc.read_text()
     assert "`python bench/update_speed.py --rounds 6`" in text
-    assert ("| default recipe, Flow-GRPO-Fast (SDE window of 2 steps) | 9.00 | 3.50 | 1.00 "
-            "| 4.50 | 0.90 |") in text
+    assert ("| default recipe without exploration in motion, Flow-GRPO-Fast (SDE window of 2 "
+            "steps) | 9.00 | 3.50 | 1.00 | 4.50 | 0.90 |") in text
     assert text.index("side by side") < text.index("Does the paper's ordering hold?")
 
 
@@ -205,17 +209,28 @@ def test_replicate_times_and_orders_the_recipe_family_against_the_recipe(tmp_pat
     replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
     text = doc.read_text()
     # the GRPO row of the recipe is timed against the recipe, not the paper's full row
-    assert ("| default recipe, Flow-GRPO, one noise per group (DanceGRPO) | 1 | 0.410 |"
-            in text)
+    assert ("| default recipe without exploration in motion, Flow-GRPO, one noise per group "
+            "(DanceGRPO) | 1 | 0.410 |") in text
     assert "| 10.00 (2.00x) |" in text and "| 1.00 (1.00x) |" in text
-    assert "DanceGRPO-style GRPO (default recipe): **yes**" in text
+    # NFT and GRPO are compared only with the same exploration in camera motion
+    assert "DanceGRPO-style GRPO" not in text
+    results["recipe_no_exploration"] = [_study_result(0.45, 1.5, 0.8)]
+    results["recipe_flow_grpo_same_explored"] = [_study_result(0.60, 1.5, 0.8)]
+    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    text = doc.read_text()
+    assert ("DanceGRPO-style GRPO, both without exploration in motion (default recipe): "
+            "**yes**") in text
+    assert ("DanceGRPO-style GRPO, both exploring through the actions (default recipe): "
+            "**no**") in text
     assert "(paper recipe): **" not in text  # no GRPO row of the paper's family was run
-    assert replicate.family_full("recipe_trajectory") == "recipe"
+    assert replicate.family_full("recipe_flow_grpo") == "recipe"
+    assert replicate.family_full("recipe_warp_trajectory") == "recipe_warp"
     assert replicate.family_full("trajectory") == "full"
     assert replicate.family_full("base") is None
-    # the recipe's GRPO rows turn off exploration in camera motion (NFT's), the others keep it
-    assert "--rollout.warp_exploration" in replicate.ROWS["recipe_flow_grpo_fast"]
-    assert replicate.ROWS["recipe_noise_warp"] == ["--rollout.noise_warp", "0.5"]
+    # the recipe's GRPO rows explore in camera motion exactly when their NFT partner does
+    assert "--rollout.action_exploration" in replicate.ROWS["recipe_flow_grpo_fast"]
+    assert "--rollout.action_exploration" not in replicate.ROWS["recipe_flow_grpo_same_explored"]
+    assert replicate.ROWS["recipe_warp_noise_warp"][-2:] == ["--rollout.noise_warp", "0.5"]
 
 
 def test_replicate_takes_a_seed_count_per_row(tmp_path, monkeypatch):
@@ -234,11 +249,12 @@ def test_replicate_takes_a_seed_count_per_row(tmp_path, monkeypatch):
     doc = tmp_path / "replication.md"
     common = ["--sequences", "2", "--clips", "3", "--out", str(tmp_path / "runs"),
               "--cache", str(tmp_path / "study"), "--doc", str(doc)]
-    assert replicate.main(["--rows", "recipe:1,recipe_sde:2,recipe_trajectory",
+    assert replicate.main(["--rows", "recipe:1,recipe_sde:2,recipe_warp_trajectory",
                            "--ablation-seeds", "1", *common]) == 0
     assert [r for r in trained if r[0] != "base"] == [
-        ("recipe", 0), ("recipe_sde", 0), ("recipe_sde", 1), ("recipe_trajectory", 0)]
-    assert "| default recipe, same-noise SDE exploration | 2 |" in doc.read_text()
+        ("recipe", 0), ("recipe_sde", 0), ("recipe_sde", 1), ("recipe_warp_trajectory", 0)]
+    assert ("| default recipe without exploration in motion, same-noise SDE exploration | 2 |"
+            in doc.read_text())
     for bad in ("recipe:0", "recipe:x", "nope:2"):
         with pytest.raises(SystemExit):
             replicate.main(["--rows", bad, *common])
@@ -357,7 +373,7 @@ def test_replicate_names_caches_by_evaluation_assets_and_training_config(monkeyp
     assert replicate.evaluation_id(2, 3) != first  # so is every shipped model it reads
     recipe = replicate.training_id("recipe", 0, None)
     assert replicate.training_id("recipe", 1, None) != recipe
-    assert replicate.training_id("recipe_if_only", 0, None) != recipe
+    assert replicate.training_id("recipe_no_exploration", 0, None) != recipe
     monkeypatch.setitem(replicate.ROWS, "recipe", ["--reward.lam", "0.5"])
     assert replicate.training_id("recipe", 0, None) != recipe  # a changed recipe is a new row
 

@@ -496,8 +496,9 @@ def _recipe(cfg: Config) -> Config:
     """The RL recipe that raises two-key accuracy (docs/design.md section 4.3): each candidate
     under its own random camera motion, only the conditioning pathway trained, groups on clip 1
     (a fifth of them basic prompts, so the weights that draw every command's frames also see
-    basic ones), IF weighted 0.8. The same on every machine and backbone."""
-    cfg.rollout.warp_exploration = 0.25
+    basic ones), IF weighted 0.8. The same on every machine and backbone: the exploration goes
+    through the action conditioning every world model has (``rollout.action_exploration``)."""
+    cfg.rollout.action_exploration = 0.125
     cfg.optim.trainable = "conditioning"
     cfg.optim.lr = 6e-4
     cfg.rollout.num_clips = 1
