@@ -207,3 +207,22 @@ def test_heldout_loss_bench_scores_every_model_on_one_batch(pretrained_dir, caps
     # one row per noise level, highest first: the noisy input's own error falls with sigma
     noisy = [float(r.split("noisy input ")[1].rstrip(")")) for r in rows]
     assert noisy == sorted(noisy, reverse=True)
+
+
+def test_train_base_wan_runs_the_recipe_through_the_actions(tmp_path):
+    """``wc_fast.train --base wan``: the recipe's exploration goes through the Wan model's
+    action conditioning; an unshipped base is named with the command that pretrains it."""
+    from wc_fast.train import main
+
+    cfg = parse_run_args("t", "", ["--base", "wan"], with_base=True).config
+    assert cfg.model.backbone == "wan" and cfg.rollout.action_exploration > 0
+    assert cfg.rollout.warp_exploration == 0
+    if not pretrained_lib.BASE_MODELS["wan"].is_file():
+        with pytest.raises(FileNotFoundError, match="python -m wc_fast.pretrain --base wan"):
+            main(["--base", "wan", "--out", str(tmp_path / "missing")])
+    out = tmp_path / "run"
+    assert main(["--preset", "smoke", "--base", "wan", "--out", str(out), "--model.dim", "32",
+                 "--model.heads", "2", "--model.depth", "2", "--rollout.action_exploration",
+                 "0.125", "--steps", "1"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["loss"] is not None

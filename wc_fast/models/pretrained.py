@@ -119,7 +119,7 @@ def load_base_model(name: str, device: torch.device | str = "cpu") -> EmbeddedMo
         raise FileNotFoundError(f"base model {name!r} is not shipped ({BASE_MODELS[name]} not "
                                 f"found): pretrain it with `python -m wc_fast.pretrain --base "
                                 f"{name} --out DIR` and pass DIR/base_model.safetensors as "
-                                f"--checkpoint")
+                                f"--checkpoint (wc_fast.eval) or --train.init (wc_fast.train)")
     return load_world_model(BASE_MODELS[name], device=device)
 
 
