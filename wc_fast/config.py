@@ -535,19 +535,18 @@ def _smoke() -> Config:
     return cfg
 
 
-def _wan() -> Config:
-    # the paper's recipe on a Wan2.1-T2V-1.3B-class backbone on one 80 GB GPU, at a WorldPlay
-    # chunk: 4 latent frames per clip (16 video frames in WorldPlay, whose VAE compresses time
-    # 4x; here each latent frame is one frame of the world), 480 x 480 frames (60 x 60
-    # latents, 900 tokens per frame), 12 candidates, 40 sampler steps; bf16 matmuls over fp32
-    # weights, every block rerun in the backward, the 120 noisy clips of an update in
-    # micro-batches of 8. model.path (the local diffusers directory) is the user's
-    cfg = Config(preset="wan")
-    cfg.model.backbone = "wan"
+def _video_backbone(cfg: Config, backbone: Backbone) -> Config:
+    """A real video backbone on one 80 GB GPU at a WorldPlay chunk: 4 latent frames per clip
+    (16 video frames in WorldPlay, whose VAE compresses time 4x; here each latent frame is one
+    frame of the world), 480 x 480 frames, 12 candidates, 40 sampler steps; bf16 matmuls over
+    fp32 weights, every block rerun in the backward, the noisy clips of an update in
+    micro-batches of 8. ``model.path`` (the local model directory) is the user's."""
+    cfg.model.backbone = backbone
     cfg.model.resolution = 480
     cfg.model.dtype = "bfloat16"
     cfg.model.activation_checkpointing = True
     cfg.rollout.group_size = 12
+    cfg.rollout.groups_per_rank = 1
     # eager sampling: a CUDA graph saves kernel launches, which a 1.3B model over thousands
     # of tokens a step does not wait on
     cfg.rollout.capture = "eager"
@@ -555,6 +554,12 @@ def _wan() -> Config:
     cfg.train.init = "base"
     cfg.train.eval_at_end = False
     return cfg
+
+
+def _wan() -> Config:
+    # the recipe (exploring through the actions) on a Wan2.1-T2V-1.3B-class backbone (60 x 60
+    # latents, 900 tokens per frame)
+    return _video_backbone(_recipe(Config(preset="wan")), "wan")
 
 
 def _wan_smoke() -> Config:
@@ -585,9 +590,7 @@ def _worldplay() -> Config:
     # fp32 weights, every block rerun in the backward; chunks of 4 latent frames, 12
     # candidates, 40 sampler steps, the history at timestep 14 (context_sigma 0.014); 480 x
     # 480 frames (30 x 30 latents). model.path (the local model directory) is the user's
-    cfg = _wan()
-    cfg.preset = "worldplay"
-    cfg.model.backbone = "worldplay"
+    cfg = _video_backbone(Config(preset="worldplay"), "worldplay")
     cfg.model.lora_targets = WORLDPLAY_LORA_TARGETS
     cfg.train.distributed = "fsdp2"
     return cfg
