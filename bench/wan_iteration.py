@@ -77,6 +77,9 @@ def run_config(args: argparse.Namespace, rank: int, rerun: bool) -> config_lib.C
     cfg.model.resolution = args.resolution
     cfg.model.clip_frames = args.clip_frames
     cfg.model.lora_rank = rank
+    # every weight (or every adapter) trains, whatever the recipe trains: the variants measure
+    # the full update's and LoRA's cost
+    cfg.optim.trainable = "all"
     cfg.model.activation_checkpointing = rerun
     cfg.rollout.group_size = args.group_size
     cfg.rollout.num_clips = args.num_clips
