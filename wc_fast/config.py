@@ -565,10 +565,16 @@ def _wan() -> Config:
 def _wan_smoke() -> Config:
     # the wan preset's path at a size that runs in a minute: 128 x 128 frames, clips of 2
     # latent frames, groups of 4, 4 sampler steps, 2 clips, 2 iterations
-    cfg = _wan()
+    cfg = _in_a_minute(_wan())
     cfg.preset = "wan_smoke"
     cfg.model.resolution = 128
     cfg.model.clip_frames = 2
+    return cfg
+
+
+def _in_a_minute(cfg: Config) -> Config:
+    """A video-backbone preset's path at a size that runs in a minute on CPU: groups of 4,
+    4 sampler steps, 2 clips, 2 iterations, a checkpoint after each."""
     cfg.rollout.group_size = 4
     cfg.rollout.num_clips = 2
     cfg.rollout.steps = 4
@@ -610,18 +616,11 @@ def _worldplay_smoke() -> Config:
     # the worldplay path through the whole trainer in a minute on CPU, on the tiny random
     # model of `python -m wc_fast.models.worldplay_tiny DIR`: 32 x 32 frames (8 x 8 latents),
     # groups of 4, 4 sampler steps, 2 clips, 2 iterations, fp32, one process
-    cfg = _worldplay()
+    cfg = _in_a_minute(_worldplay())
     cfg.preset = "worldplay_smoke"
     cfg.model.resolution = 32
     cfg.model.dtype = "float32"
     cfg.train.distributed = "ddp"
-    cfg.rollout.group_size = 4
-    cfg.rollout.num_clips = 2
-    cfg.rollout.steps = 4
-    cfg.nft.keep = 2
-    cfg.nft.micro_batch = 4
-    cfg.train.steps = 2
-    cfg.train.ckpt_every = 1
     return cfg
 
 
