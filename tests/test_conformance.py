@@ -48,9 +48,12 @@ def wan() -> WorldModel:
     return _randomise(model, 1)
 
 
-def wan_pixels() -> WorldModel:
-    cfg = dataclasses.replace(TINY, backbone="wan", patch=4, reference_frame=False)
-    return _randomise(new_world_model(cfg), 3)
+def wan_pixels(reference_frame: bool = False) -> Callable[[], WorldModel]:
+    def build() -> WorldModel:
+        cfg = dataclasses.replace(TINY, backbone="wan", patch=4, reference_frame=reference_frame)
+        return _randomise(new_world_model(cfg), 3)
+
+    return build
 
 
 def worldplay() -> WorldModel:
@@ -61,7 +64,8 @@ def worldplay() -> WorldModel:
 
 BACKBONES = {"tiny_velocity": tiny(), "tiny_warp": tiny("warp", pose_branch=True),
              "tiny_motion_latent": tiny("x0", motion_latent=True), "wan_latent": wan,
-             "wan_pixels": wan_pixels, "worldplay": worldplay}
+             "wan_pixels": wan_pixels(), "wan_pixels_reference": wan_pixels(True),
+             "worldplay": worldplay}
 
 
 @pytest.fixture(params=list(BACKBONES))

@@ -62,10 +62,9 @@ def test_config_selects_the_embedded_model_without_a_path():
     config_lib.apply_base(cfg, "wan")
     config_lib.validate(cfg)
     m = cfg.model
-    assert (m.backbone, m.path, m.prediction, m.reference_frame) == ("wan", "", "velocity", False)
+    assert (m.backbone, m.path, m.prediction, m.reference_frame) == ("wan", "", "velocity", True)
     assert type(new_world_model(m)) is WanWorldModel
     for changes, name in (({"prediction": "warp"}, "model.prediction"),
-                          ({"reference_frame": True}, "model.reference_frame"),
                           ({"lora_rank": 4}, "model.lora_rank"),
                           ({"dim": 36, "heads": 4}, "model.dim")):  # head width 9 is odd
         bad = dataclasses.replace(cfg, model=dataclasses.replace(m, **changes))

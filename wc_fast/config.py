@@ -649,7 +649,10 @@ def apply_base(cfg: Config, name: str) -> None:
     # 4x4 patches (48 values per token under a width of 128) and small, fast steps at a high
     # learning rate: the held-out loss fell fastest per CPU minute this way (docs/base_model.md)
     m.patch, m.dim, m.depth, m.heads = 4, 128, 4, 4
-    m.reference_frame, m.prediction = False, "velocity"
+    # the last frame before each chunk as extra input channels, as Wan's image-to-video models
+    # take their conditioning image: without it the model had to find the scene through the
+    # history's attention alone and its frames stayed blurred (docs/base_model.md)
+    m.reference_frame, m.prediction = True, "velocity"
     m.motion_latent = m.pose_branch = False
     # the warp exploration moves the tiny model's warp head; the end-of-run evaluation
     # evaluates the tiny model
@@ -934,7 +937,6 @@ def _validate_embedded_wan(cfg: Config) -> None:
     which = "(with the embedded Wan model: model.backbone wan and no model.path)"
     _require(m.prediction == "velocity", f"model.prediction {which}",
              "'velocity' (it has no warp head)", m.prediction)
-    _require(not m.reference_frame, f"model.reference_frame {which}", "false", m.reference_frame)
     _require(m.lora_rank == 0, f"model.lora_rank {which}", "0 (LoRA adapts a backbone read from "
              "model.path)", m.lora_rank)
     _require(not m.prompt_embeds, f"model.prompt_embeds {which}", "empty (its text conditioning "

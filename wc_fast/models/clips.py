@@ -125,3 +125,22 @@ def masked_attend(frame_mask: Tensor, tokens_per_frame: int) -> Attend:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     return attend
+
+
+def chunk_reference(last_frame: Tensor | None, frames: Tensor) -> Tensor:
+    """Reference frames ``[1, F, C, H, W]`` of a chunk ``frames`` ``[1, F, C, H, W]`` that
+    follows a history whose last frame is ``last_frame`` ``[1, C, H, W]``: that frame repeated,
+    zeros when the history is empty (the prompt frame has no reference)."""
+    f = frames.shape[1]
+    if last_frame is None:
+        return frames.new_zeros(1, f, *frames.shape[2:])
+    return last_frame.to(frames.dtype)[:, None].expand(1, f, *frames.shape[2:])
+
+
+def sequence_reference(frames: Tensor, clip_frames: int) -> Tensor:
+    """Reference frames of a whole history ``[B, T, C, H, W]`` (prompt first, then clips of
+    ``clip_frames``): zeros for the prompt, the previous chunk's last frame for every frame of
+    a clip."""
+    t = frames.shape[1]
+    index = ((torch.arange(1, t, device=frames.device) - 1) // clip_frames) * clip_frames
+    return torch.cat([torch.zeros_like(frames[:, :1]), frames[:, index]], dim=1)

@@ -26,10 +26,12 @@ from wc_fast.config import PREDICTIONS, ModelConfig
 from wc_fast.models.clips import (
     check_action_offset,
     check_actions,
+    chunk_reference,
     history_chunks,
     history_mask,
     masked_attend,
     pressed_keys,
+    sequence_reference,
     teacher_forced_layout,
 )
 from wc_fast.models.motion_latent import LATENTS
@@ -617,23 +619,18 @@ class TinyWorldDiT(nn.Module):
                           dtype=compute_dtype(self.patch_embed.weight.dtype))
 
     def _cache_reference(self, cache: ContextCache, frames: Tensor) -> Tensor | None:
-        """Reference frames ``[1, F, C, H, W]`` for a chunk that follows ``cache``: its last
-        frame repeated (zeros after an empty cache); ``None`` without reference frames."""
+        """Reference frames ``[1, F, C, H, W]`` for a chunk that follows ``cache``
+        (:func:`chunk_reference`); ``None`` without reference frames."""
         if not self.cfg.reference_frame:
             return None
-        f = frames.shape[1]
-        if cache.last_frame is None:
-            return frames.new_zeros(1, f, *frames.shape[2:])
-        return cache.last_frame.to(frames.dtype)[:, None].expand(1, f, *frames.shape[2:])
+        return chunk_reference(cache.last_frame, frames)
 
     def _sequence_reference(self, frames: Tensor) -> Tensor | None:
-        """Reference frames of a whole history ``[B, T, C, H, W]`` (prompt first): zeros for
-        the prompt, the previous chunk's last frame for every frame of a clip."""
+        """Reference frames of a whole history ``[B, T, C, H, W]`` (:func:`sequence_reference`);
+        ``None`` without reference frames."""
         if not self.cfg.reference_frame:
             return None
-        f, t = self.clip_frames, frames.shape[1]
-        index = ((torch.arange(1, t, device=frames.device) - 1) // f) * f
-        return torch.cat([torch.zeros_like(frames[:, :1]), frames[:, index]], dim=1)
+        return sequence_reference(frames, self.clip_frames)
 
     def _trunk(self, frames: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache,
                attend=None, positions: Tensor | None = None, reference: Tensor | None = None,

@@ -44,10 +44,12 @@ from wc_fast.models.clips import (
     Attend,
     check_action_offset,
     check_actions,
+    chunk_reference,
     history_chunks,
     history_mask,
     masked_attend,
     pressed_keys,
+    sequence_reference,
     teacher_forced_layout,
 )
 from wc_fast.models.lora import inject_lora, lora_parameters
@@ -217,7 +219,10 @@ class WanWorldModel(nn.Module):
     in [-1, 1] (the embedded model, :mod:`wc_fast.models.wan_embedded`), which
     :meth:`bound_frames` clamps; latents are left unbounded. ``cfg``: the
     :class:`~wc_fast.config.ModelConfig` the embedded model was built from (what its card
-    stores), ``None`` for a backbone read from a diffusers directory.
+    stores), ``None`` for a backbone read from a diffusers directory. ``reference_frame``:
+    every frame of a chunk also receives the last frame before the chunk (zeros for the
+    prompt) concatenated to its channels, as Wan's image-to-video models take their
+    conditioning image; the transformer then has twice as many input as output channels.
     """
 
     motion_latent = False
@@ -228,7 +233,7 @@ class WanWorldModel(nn.Module):
                  context_sigma: float = 0.0, attention_backend: str = "auto",
                  seed: int = 0, activation_checkpointing: bool = False,
                  autocast_dtype: torch.dtype = torch.float32, pixels: bool = False,
-                 cfg: ModelConfig | None = None) -> None:
+                 cfg: ModelConfig | None = None, reference_frame: bool = False) -> None:
         super().__init__()
         arch = transformer.config
         p_t, p_h, p_w = arch.patch_size
@@ -237,11 +242,17 @@ class WanWorldModel(nn.Module):
             raise ValueError(f"the transformer's temporal patch size must be 1, got {p_t}")
         if arch.image_dim is not None or arch.added_kv_proj_dim is not None:
             raise ValueError("image-conditioned (I2V) Wan transformers are not supported")
+        if arch.in_channels != arch.out_channels * (2 if reference_frame else 1):
+            raise ValueError(f"the transformer must have {'twice' if reference_frame else 'as'} "
+                             f"as many input channels as output channels "
+                             f"(reference_frame={reference_frame}), got {arch.in_channels} in "
+                             f"and {arch.out_channels} out")
         if clip_frames < 1 or height % p_h or width % p_w:
             raise ValueError(f"clip_frames must be >= 1 and latent_size a multiple of the patch "
                              f"({p_h}, {p_w}), got {clip_frames} and {latent_size}")
         self.transformer = transformer
         self.pixels = pixels
+        self.reference_frame = reference_frame
         self.cfg = cfg
         self.clip_frames = clip_frames
         self.context_sigma = context_sigma
@@ -324,7 +335,7 @@ class WanWorldModel(nn.Module):
                              attention_backend=self.attention_backend, seed=self.seed,
                              activation_checkpointing=self.activation_checkpointing,
                              autocast_dtype=self.autocast_dtype, pixels=self.pixels,
-                             cfg=self.cfg)
+                             cfg=self.cfg, reference_frame=self.reference_frame)
         if self.lora is not None:
             copy.add_lora(*self.lora, seed=self.seed)
         return copy
@@ -421,7 +432,7 @@ class WanWorldModel(nn.Module):
     @property
     def clip_shape(self) -> tuple[int, int, int, int]:
         """``(F, C, H, W)`` of one generated clip of latents."""
-        return (self.clip_frames, self.transformer.config.in_channels, *self.latent_size)
+        return (self.clip_frames, self.transformer.config.out_channels, *self.latent_size)
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -524,12 +535,14 @@ class WanWorldModel(nn.Module):
     # -- forward -----------------------------------------------------------------------------
 
     def _trunk(self, frames: Tensor, sigma: Tensor, actions: Tensor, positions: Tensor,
-               attend_for: Callable[[int], Attend], action_offset: Tensor | None = None
+               attend_for: Callable[[int], Attend], action_offset: Tensor | None = None,
+               reference: Tensor | None = None
                ) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor]]:
         """Every block on ``frames`` ``[B, F, C, H, W]`` at per-frame ``sigma`` and ``actions``
         ``[B, F]`` (movement keys shifted by ``action_offset`` ``[B, 8]``, see
         :meth:`_conditioning`) and frame ``positions`` ``[F]``; layer ``i`` attends with
-        ``attend_for(i)``.
+        ``attend_for(i)``. ``reference`` ``[B or 1, F, C, H, W]``: each frame's reference
+        frame, concatenated channel-wise (with ``reference_frame``; ``None`` without).
 
         Returns the last block's tokens ``[B, F*h*w, D]``, the per-frame timestep embedding
         ``[B, F, D]`` and every layer's position-encoded keys and values ``[B, H, F*h*w, Dh]``.
@@ -542,6 +555,9 @@ class WanWorldModel(nn.Module):
         rerun = self.activation_checkpointing and torch.is_grad_enabled()
         with self._autocast(frames.device):
             # the residual stream stays in the weights' dtype; autocast casts each matmul's input
+            if reference is not None:
+                reference = reference.to(frames.dtype).expand(frames.shape[0], -1, -1, -1, -1)
+                frames = torch.cat([frames, reference], dim=2)
             x = self._embed(frames).to(self.transformer.patch_embedding.weight.dtype)
             for i, block in enumerate(self.transformer.blocks):
                 layer = LayerAttention(attend_for(i))
@@ -580,6 +596,16 @@ class WanWorldModel(nn.Module):
         whole-sequence paths embed the same value."""
         return torch.full((1, frames), float(sigma), device=device, dtype=self._compute_dtype)
 
+    def _cache_reference(self, cache: ContextCache, frames: Tensor) -> Tensor | None:
+        """Reference frames ``[1, F, C, H, W]`` of a chunk that follows ``cache``
+        (:func:`chunk_reference`); ``None`` without ``reference_frame``."""
+        return chunk_reference(cache.last_frame, frames) if self.reference_frame else None
+
+    def _sequence_reference(self, frames: Tensor) -> Tensor | None:
+        """Reference frames of a whole history ``[B, T, C, H, W]``
+        (:func:`sequence_reference`); ``None`` without ``reference_frame``."""
+        return sequence_reference(frames, self.clip_frames) if self.reference_frame else None
+
     # -- history -----------------------------------------------------------------------------
 
     def empty_cache(self) -> ContextCache:
@@ -611,7 +637,8 @@ class WanWorldModel(nn.Module):
         positions = torch.arange(cache.num_frames, cache.num_frames + f, device=frames.device)
         _, _, keys, values = self._trunk(frames, self._history_sigma(sigma, f, frames.device),
                                          actions, positions,
-                                         lambda i: self._prefix_attend(cache, i))
+                                         lambda i: self._prefix_attend(cache, i),
+                                         reference=self._cache_reference(cache, frames))
         if cache.keys:
             keys = [torch.cat(pair, dim=2) for pair in zip(cache.keys, keys, strict=True)]
             values = [torch.cat(pair, dim=2) for pair in zip(cache.values, values, strict=True)]
@@ -628,7 +655,8 @@ class WanWorldModel(nn.Module):
                                self.tokens_per_frame)
         _, _, keys, values = self._trunk(frames, self._history_sigma(sigma, f, frames.device),
                                          actions, torch.arange(f, device=frames.device),
-                                         lambda _: attend)
+                                         lambda _: attend,
+                                         reference=self._sequence_reference(frames))
         return ContextCache(keys=keys, values=values, num_frames=f, signature=self.signature,
                             last_frame=frames[:, -1])
 
@@ -656,7 +684,8 @@ class WanWorldModel(nn.Module):
         action_offset = check_action_offset(action_offset, b)
         positions = torch.arange(cache.num_frames, cache.num_frames + f, device=x_t.device)
         x, temb, _, _ = self._trunk(x_t, sigma[:, None].expand(b, f), actions, positions,
-                                    lambda i: self._prefix_attend(cache, i), action_offset)
+                                    lambda i: self._prefix_attend(cache, i), action_offset,
+                                    self._cache_reference(cache, x_t))
         return self._head(x, temb)
 
     def teacher_forced_velocity(self, frames: Tensor, actions: Tensor, x_t: Tensor,
@@ -685,7 +714,12 @@ class WanWorldModel(nn.Module):
                                sigma.to(self._compute_dtype).repeat_interleave(f, dim=1)], dim=1)
         positions, frame_mask = teacher_forced_layout(total, f, device)
         attend = masked_attend(frame_mask, self.tokens_per_frame)
+        reference = self._sequence_reference(frames)
+        if reference is not None:
+            # noisy clip j has clean clip j's reference: the last frame before it
+            reference = torch.cat([reference, reference[:, 1:]], dim=1)
         x, temb, _, _ = self._trunk(torch.cat([frames, x_t.to(frames.dtype)], dim=1), all_sigma,
-                                    all_actions, positions, lambda _: attend)
+                                    all_actions, positions, lambda _: attend,
+                                    reference=reference)
         return self._head(x, temb, first=total)
 

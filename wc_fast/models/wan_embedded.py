@@ -4,7 +4,9 @@ pixel frames, sized by the ``model`` section of a run.
 It shares nothing with :class:`~wc_fast.models.TinyWorldDiT` but the world and the key
 embedding: Wan's patch embedding, 3-D rotary embedding, blocks and output head, on RGB frames
 ``[B, F, 3, H, W]`` in [-1, 1] (codec :class:`~wc_fast.models.protocol.PixelFrames`), with no
-warp head, no reference frame and no motion prior. Its text conditioning is one fixed zero
+warp head and no motion prior. With ``model.reference_frame`` each frame also receives the last
+frame before its chunk as extra input channels, as Wan's image-to-video models take their
+conditioning image. Its text conditioning is one fixed zero
 token (the world has no prompts).
 """
 
@@ -24,13 +26,14 @@ FFN_RATIO = 4
 
 
 def embedded_transformer(cfg: ModelConfig) -> WanTransformer3DModel:
-    """A randomly initialised ``WanTransformer3DModel`` of ``cfg``'s sizes: ``channels`` in and
-    out, ``(1, patch, patch)`` patches, ``heads`` heads of ``dim // heads``, ``depth`` blocks,
+    """A randomly initialised ``WanTransformer3DModel`` of ``cfg``'s sizes: ``channels`` out
+    (and in; twice as many in with ``reference_frame``), ``(1, patch, patch)`` patches, ``heads`` heads of ``dim // heads``, ``depth`` blocks,
     an FFN of ``FFN_RATIO * dim``."""
     return WanTransformer3DModel(patch_size=(1, cfg.patch, cfg.patch),
                                  num_attention_heads=cfg.heads,
                                  attention_head_dim=cfg.dim // cfg.heads,
-                                 in_channels=cfg.channels, out_channels=cfg.channels,
+                                 in_channels=cfg.channels * (2 if cfg.reference_frame else 1),
+                                 out_channels=cfg.channels,
                                  text_dim=TEXT_DIM, freq_dim=FREQ_DIM, ffn_dim=FFN_RATIO * cfg.dim,
                                  num_layers=cfg.depth)
 
@@ -47,5 +50,6 @@ def embedded_wan_model(cfg: ModelConfig, *, seed: int = 0) -> WanWorldModel:
                           latent_size=(cfg.resolution, cfg.resolution),
                           context_sigma=cfg.context_sigma, seed=seed,
                           activation_checkpointing=cfg.activation_checkpointing,
-                          autocast_dtype=DTYPES[cfg.dtype], pixels=True, cfg=cfg)
+                          autocast_dtype=DTYPES[cfg.dtype], pixels=True, cfg=cfg,
+                          reference_frame=cfg.reference_frame)
     return model
