@@ -25,7 +25,7 @@ export PYTHONPATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 
 pids=()
 for which in reward eval; do
-    "$py" -m wc_fast.rewards.train_reward_models --which "$which" --device "$device" --threads 4 \
+    "$py" -m wc_fast.tools.train_reward_models --which "$which" --device "$device" --threads 4 \
         --max-minutes "$minutes" --out "$work/assets" >"$work/estimator_$which.log" 2>&1 &
     pids+=($!)
 done

@@ -28,7 +28,7 @@ from wc_fast.actions import split_action
 from wc_fast.config import preset
 from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import interaction_score, load_estimator
-from wc_fast.rewards.exploration import (
+from wc_fast.rewards.motion_spread import (
     camera_motion,
     commanded_directions,
     estimator_motion_error,

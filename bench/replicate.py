@@ -67,7 +67,7 @@ from wc_fast.config import preset, to_dict  # noqa: E402
 from wc_fast.eval import KINDS, EvalSettings, evaluate  # noqa: E402
 from wc_fast.models.pretrained import load_checkpoint_model  # noqa: E402
 from wc_fast.rewards import load_estimator  # noqa: E402
-from wc_fast.rewards.exploration import camera_motion  # noqa: E402
+from wc_fast.rewards.motion_spread import camera_motion  # noqa: E402
 from wc_fast.rewards.weights import ASSETS  # noqa: E402
 
 # the paper's recipe on the cpu preset (all weights, two groups of 8 per update over 3 clips of

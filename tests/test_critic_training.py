@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from wc_fast.eval import KINDS as SETS
-from wc_fast.rewards import evaluate_reward_models as acceptance
-from wc_fast.rewards import train_reward_models as trainer
+from wc_fast.tools import evaluate_reward_models as acceptance
+from wc_fast.tools import train_reward_models as trainer
 
 
 def test_generated_pairs_hold_each_sets_true_and_generated_frames():

@@ -202,7 +202,7 @@ class RewardConfig:
     """IF and VQ rewards and how they become advantages.
 
     ``if_kind``: ``label`` is the paper's IF (label accuracy, best translation threshold);
-    ``soft`` its smooth version (:func:`wc_fast.rewards.exploration.soft_interaction_score`,
+    ``soft`` its smooth version (:func:`wc_fast.rewards.motion_spread.soft_interaction_score`,
     at the smallest translation threshold), which ranks near misses above clear misses;
     ``action`` the fraction of frames whose translation AND rotation labels are both right (the
     evaluation's action accuracy, read by the reward estimator): the label IF gives half credit

@@ -55,7 +55,7 @@ from wc_fast.rewards import (
     trajectory_score,
     vq_scores,
 )
-from wc_fast.rewards.exploration import (
+from wc_fast.rewards.motion_spread import (
     camera_motion,
     commanded_directions,
     estimator_motion_error,

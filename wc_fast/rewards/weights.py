@@ -15,10 +15,10 @@ from torch import nn
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 REGENERATE = {
-    "camera_reward": "python -m wc_fast.rewards.train_reward_models --which reward",
-    "camera_eval": "python -m wc_fast.rewards.train_reward_models --which eval",
-    "critic": "python -m wc_fast.rewards.train_reward_models --which critic",
-    "critic_eval": "python -m wc_fast.rewards.train_reward_models --which critic_eval",
+    "camera_reward": "python -m wc_fast.tools.train_reward_models --which reward",
+    "camera_eval": "python -m wc_fast.tools.train_reward_models --which eval",
+    "critic": "python -m wc_fast.tools.train_reward_models --which critic",
+    "critic_eval": "python -m wc_fast.tools.train_reward_models --which critic_eval",
 }
 
 

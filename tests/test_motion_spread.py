@@ -7,7 +7,7 @@ import torch
 
 from wc_fast import world
 from wc_fast.rewards import load_estimator
-from wc_fast.rewards.exploration import (
+from wc_fast.rewards.motion_spread import (
     camera_motion,
     commanded_directions,
     estimator_motion_error,

@@ -1,10 +1,10 @@
-"""``python -m wc_fast.rewards.train_reward_models --which reward|eval|critic|critic_eval``.
+"""``python -m wc_fast.tools.train_reward_models --which reward|eval|critic|critic_eval``.
 
 Trains one embedded reward model on freshly rendered clips of the synthetic world and writes it
 to ``wc_fast/assets/`` (or ``--out``). Each recipe has its own model seed and its own stream of
 data seeds (:data:`RECIPES`); batch ``i`` renders ``sample_clips(seed=batch_seed(data_seed, i))``,
 so no training batch shares a seed with the held-out evaluation stream
-(:data:`wc_fast.rewards.evaluate_reward_models.EVAL_DATA_SEED`).
+(:data:`wc_fast.tools.evaluate_reward_models.EVAL_DATA_SEED`).
 
 - ``reward`` / ``eval``: camera estimators (:mod:`wc_fast.rewards.estimators`) learn each frame
   pair's relative pose (:func:`~wc_fast.rewards.estimators.pose_loss`), a new random action
@@ -214,7 +214,7 @@ def train(which: str, *, steps: int | None = None, out: str | None = None, threa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m wc_fast.rewards.train_reward_models",
+    parser = argparse.ArgumentParser(prog="python -m wc_fast.tools.train_reward_models",
                                      description="Train an embedded reward model and write its "
                                                  "weights to wc_fast/assets/.")
     parser.add_argument("--which", choices=tuple(RECIPES), required=True)

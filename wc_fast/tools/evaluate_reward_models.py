@@ -1,4 +1,4 @@
-"""``python -m wc_fast.rewards.evaluate_reward_models [--json PATH]``: acceptance numbers.
+"""``python -m wc_fast.tools.evaluate_reward_models [--json PATH]``: acceptance numbers.
 
 Checks the shipped reward models against the ground truth of the synthetic world, on seeds from
 the held-out stream ``batch_seed(EVAL_DATA_SEED, i)`` that no training recipe uses:
@@ -31,10 +31,10 @@ from wc_fast.config import preset
 from wc_fast.rewards.critic import VisualQualityScorer, load_critic
 from wc_fast.rewards.degrade import KINDS, degraded_pairs
 from wc_fast.rewards.estimators import CameraEstimator, load_estimator
-from wc_fast.rewards.exploration import estimator_motion_error
+from wc_fast.rewards.motion_spread import estimator_motion_error
 from wc_fast.rewards.interaction import poses_to_labels
 from wc_fast.rewards.scoring import if_scores
-from wc_fast.rewards.train_reward_models import generated_pairs
+from wc_fast.tools.train_reward_models import generated_pairs
 from wc_fast.world import batch_seed, sample_clips
 
 EVAL_DATA_SEED = 9000
@@ -175,7 +175,7 @@ def evaluate(*, clips: int = 1000, threads: int = 2,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m wc_fast.rewards.evaluate_reward_models",
+    parser = argparse.ArgumentParser(prog="python -m wc_fast.tools.evaluate_reward_models",
                                      description="Acceptance numbers of the shipped reward "
                                                  "models on held-out seeds.")
     parser.add_argument("--clips", type=int, default=1000, help="clips per measurement")
