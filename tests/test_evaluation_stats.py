@@ -1,9 +1,14 @@
-"""Paired bootstrap intervals against closed forms on toy cases."""
+"""Paired bootstrap intervals against closed forms on toy cases, and the comparison tables
+built from them."""
+
+import json
 
 import numpy as np
 import pytest
 
 from wc_fast.evaluation import paired_bootstrap, sequence_values
+from wc_fast.evaluation.compare import COMPARED, SETS, compare, markdown
+from wc_fast.tools.compare import main as compare_main
 
 
 def test_two_sequences_give_the_exact_bootstrap_distribution():
@@ -72,3 +77,50 @@ def test_final_evaluation_seeds_are_disjoint_from_every_tuning_seed():
         return sets | {s + FLOOR_SEED_OFFSET for s in sets}
 
     assert seeds(FINAL_EVAL_SEED).isdisjoint(seeds(EVAL_SEED) | {3500, 3501, 3502, 321})
+
+
+def _result(values: dict[str, list[list[float]]], **settings) -> dict:
+    base_settings = {"sequences": 2, "clips": 2, "seed": 5, "steps": 10, "shift": 5.0,
+                     "trans_thresholds": [0.02, 0.04], "rot_threshold_deg": 1.0}
+    return {"settings": {**base_settings, **settings},
+            **{kind: {"per_sequence": values} for kind in SETS}}
+
+
+def test_compare_rows_are_paired_changes_per_slice():
+    base = _result({"psnr": [[10.0, 20.0], [30.0, 40.0]]})
+    trained = _result({"psnr": [[12.0, 20.0], [32.0, 46.0]]})
+    rows = {(r["set"], r["clips"]): r for r in compare(base, [trained], metrics=("psnr",),
+                                                          draws=2000)}
+    assert set(rows) == {(k, c) for k in SETS for c in ("all clips", "clip 1", "clips 2-on")}
+    clip1 = rows["basic", "clip 1"]
+    # clip 1 improved by exactly 2 dB in both sequences: the interval is that point
+    assert (clip1["base"], clip1["trained"], clip1["change"]) == (20.0, 22.0, 2.0)
+    assert clip1["low"] == pytest.approx(2.0) and clip1["high"] == pytest.approx(2.0)
+    later = rows["basic", "clips 2-on"]
+    assert later["change"] == 3.0 and (later["low"], later["high"]) == (0.0, 6.0)
+    table = markdown(compare(base, [trained, trained], metrics=("psnr",), sets=("basic",)))
+    assert table[2] == ("| basic | PSNR (dB) | all clips | 25.000 | 27.500 | "
+                        "+2.500 [+1.000, +4.000] |")
+
+
+def test_compare_refuses_unpaired_or_incomplete_results():
+    base = _result({"psnr": [[10.0, 20.0], [30.0, 40.0]]})
+    with pytest.raises(ValueError, match="seed"):
+        compare(base, [_result({"psnr": [[1.0, 2.0], [3.0, 4.0]]}, seed=6)], metrics=("psnr",))
+    with pytest.raises(ValueError, match="at least one"):
+        compare(base, [], metrics=("psnr",))
+    with pytest.raises(KeyError, match="ssim"):
+        compare(base, [base], metrics=("ssim",))
+
+
+def test_compare_command_writes_the_table(tmp_path, capsys):
+    base = _result({name: [[0.5, 0.5], [0.5, 0.5]] for name in COMPARED})
+    paths = []
+    for i, result in enumerate((base, base)):
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(result))
+    out = tmp_path / "table.md"
+    assert compare_main([str(paths[0]), str(paths[1]), "--out", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == 2 + len(SETS) * len(COMPARED) * 3
+    assert "+0.000 [+0.000, +0.000]" in lines[-1] and lines[0] in capsys.readouterr().out

@@ -27,8 +27,8 @@ FFN_RATIO = 4
 
 def embedded_transformer(cfg: ModelConfig) -> WanTransformer3DModel:
     """A randomly initialised ``WanTransformer3DModel`` of ``cfg``'s sizes: ``channels`` out
-    (and in; twice as many in with ``reference_frame``), ``(1, patch, patch)`` patches, ``heads`` heads of ``dim // heads``, ``depth`` blocks,
-    an FFN of ``FFN_RATIO * dim``."""
+    (and in; twice as many in with ``reference_frame``), ``(1, patch, patch)`` patches,
+    ``heads`` heads of ``dim // heads``, ``depth`` blocks, an FFN of ``FFN_RATIO * dim``."""
     return WanTransformer3DModel(patch_size=(1, cfg.patch, cfg.patch),
                                  num_attention_heads=cfg.heads,
                                  attention_head_dim=cfg.dim // cfg.heads,

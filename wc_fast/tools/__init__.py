@@ -1,2 +1,2 @@
-"""Command-line programs that build and check the shipped reward models: they use the library
-(rewards, world, evaluation rollouts), and nothing in the library imports them."""
+"""Command-line programs beside the main ones: training and checking the shipped reward models,
+and comparing evaluation results. They use the library; nothing in the library imports them."""

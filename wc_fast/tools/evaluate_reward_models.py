@@ -31,8 +31,8 @@ from wc_fast.config import preset
 from wc_fast.rewards.critic import VisualQualityScorer, load_critic
 from wc_fast.rewards.degrade import KINDS, degraded_pairs
 from wc_fast.rewards.estimators import CameraEstimator, load_estimator
-from wc_fast.rewards.motion_spread import estimator_motion_error
 from wc_fast.rewards.interaction import poses_to_labels
+from wc_fast.rewards.motion_spread import estimator_motion_error
 from wc_fast.rewards.scoring import if_scores
 from wc_fast.tools.train_reward_models import generated_pairs
 from wc_fast.world import batch_seed, sample_clips
