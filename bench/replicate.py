@@ -368,7 +368,8 @@ def write_doc(doc: Path, results: dict, command: str, settings: dict,
               "seconds (its `metrics.jsonl`), and its ratio to its family's full NFT row's "
               "(`recipe`, `recipe_warp` or the paper recipe's `full`); comparable only "
               "between runs made on an otherwise idle machine (runs trained beside another "
-              "keep their time as `seconds_parallel` in their cache file, and are left out of this column).", ""]
+              "keep their time as `seconds_parallel` in their cache file, and are left out "
+              "of this column).", ""]
     if speed is not None:
         lines += [*_speed_table(speed), ""]
     lines += ["## Does the paper's ordering hold?", ""]
