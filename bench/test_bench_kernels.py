@@ -76,13 +76,13 @@ def _bench(benchmark, fn, bytes_moved: int, copy_bw: float) -> None:
 
 
 def _nft_loss_op():
-    from wc_kernels.nft_loss.ops import NFT_LOSS, OPS
+    from wc_kernels.ops.nft_loss.library import NFT_LOSS, OPS
 
     return OPS[NFT_LOSS]
 
 
 def _flow_noise_op():
-    from wc_kernels.flow_noise.ops import FLOW_NOISE, OPS
+    from wc_kernels.ops.flow_noise.library import FLOW_NOISE, OPS
 
     return OPS[FLOW_NOISE]
 

@@ -18,13 +18,12 @@ Each op has a plain-PyTorch reference in :mod:`wc_kernels.reference` (the spec) 
 chosen with ``backend=`` (see :mod:`wc_kernels._backend`). This package imports nothing from
 ``wc_fast``.
 
-Each op is a subpackage named after it, ``kernels/<op>/``: the public function (its
-``__init__``), its reference (``naive``), its Triton kernels (``triton``), its native binding
-(``native``), its ``torch.library`` registration (``ops``) and, for ``prefix_attention``, the
-attention library backends (``split``, ``flex``, ``flash_attn``, ``xformers``). Here the op's
-name is bound to its function, which hides the subpackage attribute: ``wc_kernels.nft_loss``
-is the function, so import a subpackage's modules with ``from wc_kernels.nft_loss import
-naive`` (``import wc_kernels.nft_loss.naive as naive`` fails).
+Each op is a subpackage of :mod:`wc_kernels.ops` named after it, ``kernels/ops/<op>/``: the
+public function (its ``__init__``), its reference (``naive``), its Triton kernels (``triton``),
+its native binding (``native``), its ``torch.library`` registration (``library``) and, for
+``prefix_attention``, the attention library backends (``split``, ``flex``, ``flash_attn``,
+``xformers``). The function is exported here (``wc_kernels.nft_loss``) and the modules live
+under ``ops``, so neither hides the other: ``import wc_kernels.ops.nft_loss.naive`` works.
 
 Needs torch >= 2.11 (the floor in ``pyproject.toml``: the oldest torch tested, the GPU
 image's); an older torch fails here, at import, with both versions named.
@@ -63,10 +62,10 @@ if __name__ == "wc_kernels":
         diffusion_nft_loss,
         worldcompass_nft_loss,
     )
-    from wc_kernels.flow_noise import flow_noise
-    from wc_kernels.grpo_sde_loss import grpo_sde_loss, sde_log_prob
-    from wc_kernels.nft_loss import nft_loss
-    from wc_kernels.prefix_attention import prefix_attention
+    from wc_kernels.ops.flow_noise import flow_noise
+    from wc_kernels.ops.grpo_sde_loss import grpo_sde_loss, sde_log_prob
+    from wc_kernels.ops.nft_loss import nft_loss
+    from wc_kernels.ops.prefix_attention import prefix_attention
 
     __all__ = ["nft_loss", "flow_noise", "prefix_attention", "grpo_sde_loss", "sde_log_prob",
                "diffusion_nft_loss", "worldcompass_nft_loss", "advantages_to_optimality"]

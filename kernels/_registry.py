@@ -1,9 +1,10 @@
 """``torch.library`` registration machinery shared by the fused ops.
 
-Each op's ``ops`` module (:mod:`wc_kernels.nft_loss.ops`, :mod:`wc_kernels.flow_noise.ops`,
-:mod:`wc_kernels.grpo_sde_loss.ops`, :mod:`wc_kernels.prefix_attention.ops`) registers its ops
-when imported, with their fake kernels and autograd; the public ops import it when they first
-use a fast backend. An op with a native kernel comes as a pair (:func:`define_with_twin`):
+Each op's ``library`` module (:mod:`wc_kernels.ops.nft_loss.library`,
+:mod:`wc_kernels.ops.flow_noise.library`, :mod:`wc_kernels.ops.grpo_sde_loss.library`,
+:mod:`wc_kernels.ops.prefix_attention.library`) registers its ops when imported, with their
+fake kernels and autograd; the public ops import it when they first use a fast backend. An op
+with a native kernel comes as a pair (:func:`define_with_twin`):
 
 - the main op (``wc_fast::nft_loss_fwd``, ...): Triton on CUDA; on CPU the native kernel
   (``wc_kernels._native``) when it is built, else Triton under ``TRITON_INTERPRET=1``;

@@ -1,8 +1,8 @@
 """Fused Triton kernels of the drop-in ops, and the launch configurations they share.
 
-The kernels and their launchers live beside each op, in :mod:`wc_kernels.nft_loss.triton`,
-:mod:`wc_kernels.flow_noise.triton`, :mod:`wc_kernels.grpo_sde_loss.triton` and
-:mod:`wc_kernels.prefix_attention.triton`; importing this module imports ``triton``.
+The kernels and their launchers live beside each op, in :mod:`wc_kernels.ops.nft_loss.triton`,
+:mod:`wc_kernels.ops.flow_noise.triton`, :mod:`wc_kernels.ops.grpo_sde_loss.triton` and
+:mod:`wc_kernels.ops.prefix_attention.triton`; importing this module imports ``triton``.
 
 On CUDA the block size and warp count are fixed per kernel (so ``python -m wc_kernels.aot`` can
 compile exactly the configurations that run), and long rows are split into chunks so that a

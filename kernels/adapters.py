@@ -22,7 +22,7 @@ from torch import Tensor
 
 from wc_kernels import _checks
 from wc_kernels._dtypes import compute_dtype
-from wc_kernels.nft_loss import nft_loss
+from wc_kernels.ops.nft_loss import nft_loss
 
 __all__ = ["advantages_to_optimality", "diffusion_nft_loss", "worldcompass_nft_loss"]
 

@@ -1,8 +1,8 @@
 """``python -m wc_kernels.aot``: compile every Triton kernel ahead of time for sm_90 (Hopper).
 
 Each CUDA launch configuration the launchers use (kernel, input dtype, constexprs, warps; see
-``aot_configs()`` in :mod:`wc_kernels.nft_loss.triton`, :mod:`wc_kernels.flow_noise.triton`,
-:mod:`wc_kernels.grpo_sde_loss.triton` and :mod:`wc_kernels.prefix_attention.triton`) is
+``aot_configs()`` in :mod:`wc_kernels.ops.nft_loss.triton`, :mod:`wc_kernels.ops.flow_noise.triton`,
+:mod:`wc_kernels.ops.grpo_sde_loss.triton` and :mod:`wc_kernels.ops.prefix_attention.triton`) is
 compiled with ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``; no GPU is
 needed. Registers and spills come from the ptxas bundled with Triton, run with ``-v`` on the
 generated PTX with the flags Triton itself uses; shared memory from the kernel metadata.
@@ -53,10 +53,10 @@ class Row:
 
 
 def _configs() -> list:
-    from wc_kernels.flow_noise import triton as flow_noise
-    from wc_kernels.grpo_sde_loss import triton as grpo_sde_loss
-    from wc_kernels.nft_loss import triton as nft_loss
-    from wc_kernels.prefix_attention import triton as prefix_attention
+    from wc_kernels.ops.flow_noise import triton as flow_noise
+    from wc_kernels.ops.grpo_sde_loss import triton as grpo_sde_loss
+    from wc_kernels.ops.nft_loss import triton as nft_loss
+    from wc_kernels.ops.prefix_attention import triton as prefix_attention
 
     return (nft_loss.aot_configs() + flow_noise.aot_configs() + grpo_sde_loss.aot_configs()
             + prefix_attention.aot_configs())

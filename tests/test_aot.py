@@ -9,7 +9,7 @@ import pytest
 import triton
 
 from wc_kernels import aot
-from wc_kernels.flow_noise.triton import aot_configs as flow_configs
+from wc_kernels.ops.flow_noise.triton import aot_configs as flow_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def test_exit_status_is_one_on_any_failure(monkeypatch, capsys, failure):
 FP64_SCALE = """
 from dataclasses import replace
 from wc_kernels import aot
-from wc_kernels.prefix_attention.triton import aot_configs
+from wc_kernels.ops.prefix_attention.triton import aot_configs
 picked = {}
 for config in aot_configs():
     picked.setdefault((config.kernel.fn.__name__, config.dtype), config)

@@ -29,7 +29,7 @@ def test_the_folder_is_inert_under_the_name_kernels_even_after_wc_kernels():
     code = ("import torch, wc_kernels\n"
             "import importlib\n"
             "for op in ('nft_loss', 'flow_noise', 'grpo_sde_loss', 'prefix_attention'):\n"
-            "    importlib.import_module(f'wc_kernels.{op}.ops')\n"
+            "    importlib.import_module(f'wc_kernels.ops.{op}.library')\n"
             "import kernels\n"
             "print('version:', getattr(kernels, '__version__', 'N/A'))\n"
             "try:\n"
@@ -37,7 +37,7 @@ def test_the_folder_is_inert_under_the_name_kernels_even_after_wc_kernels():
             "except AttributeError as exc:\n"
             "    print('refused:', exc)\n"
             "try:\n"
-            "    import kernels.nft_loss.ops\n"
+            "    import kernels.ops.nft_loss.library\n"
             "except ModuleNotFoundError as exc:\n"
             "    print('no submodule:', exc.name)\n"
             "x = torch.randn(3, 4)\n"
@@ -47,7 +47,7 @@ def test_the_folder_is_inert_under_the_name_kernels_even_after_wc_kernels():
     assert "version: N/A" in proc.stdout, proc.stdout
     assert "refused:" in proc.stdout and REFUSAL in proc.stdout, proc.stdout
     assert str(ROOT / "kernels") in proc.stdout, proc.stdout
-    assert "no submodule: kernels.nft_loss" in proc.stdout, proc.stdout
+    assert "no submodule: kernels.ops" in proc.stdout, proc.stdout
 
 
 def test_libraries_probing_for_kernels_work_from_the_root():
@@ -89,9 +89,9 @@ def test_outside_the_root_kernels_is_not_this_folder(tmp_path):
 
 
 def test_an_op_name_is_its_function_and_its_package_holds_its_pieces():
-    """``wc_kernels.<op>`` is the public function; the subpackage of the same name stays
-    importable by its full name and ``from wc_kernels.<op> import <module>``, and the one
-    namespace of references re-exports each op's ``naive`` module."""
+    """``wc_kernels.<op>`` is the public function; its subpackage ``wc_kernels.ops.<op>`` is not
+    hidden by it: ``import wc_kernels.ops.<op>.naive`` works, and the one namespace of
+    references re-exports each op's ``naive`` module."""
     import importlib
 
     import wc_kernels
@@ -99,10 +99,15 @@ def test_an_op_name_is_its_function_and_its_package_holds_its_pieces():
 
     for op in ("nft_loss", "flow_noise", "prefix_attention", "grpo_sde_loss"):
         function = getattr(wc_kernels, op)
-        assert callable(function) and function.__module__ == f"wc_kernels.{op}", op
-        package = importlib.import_module(f"wc_kernels.{op}")
+        assert callable(function) and function.__module__ == f"wc_kernels.ops.{op}", op
+        package = importlib.import_module(f"wc_kernels.ops.{op}")
         assert package.__file__.endswith("__init__.py") and getattr(package, op) is function
         pieces = {}
-        exec(f"from wc_kernels.{op} import naive, ops, triton", pieces)
+        exec(f"import wc_kernels.ops.{op}.naive\n"
+             f"import wc_kernels.ops.{op}.library\n"
+             f"import wc_kernels.ops.{op}.triton\n"
+             f"naive = wc_kernels.ops.{op}.naive\n"
+             f"library = wc_kernels.ops.{op}.library\n"
+             f"triton = wc_kernels.ops.{op}.triton", pieces)
         assert getattr(pieces["naive"], op) is getattr(reference, op), op
-        assert pieces["ops"].OPS and pieces["triton"].aot_configs(), op
+        assert pieces["library"].OPS and pieces["triton"].aot_configs(), op

@@ -18,7 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from wc_kernels.nft_loss import SPACES
+from wc_kernels.ops.nft_loss import SPACES
 
 PRESETS = ("paper", "official", "cpu", "gpu", "smoke", "wan", "wan_smoke", "worldplay",
            "worldplay_lora", "worldplay_smoke")

@@ -11,7 +11,7 @@ COLS = (1, 3, 1000, 65537)
 
 def public_module(name: str):
     """The module of a public op, skipping when it does not offer the native backend yet."""
-    module = importlib.import_module(f"wc_kernels.{name}")
+    module = importlib.import_module(f"wc_kernels.ops.{name}")
     if "native" not in module.IMPLEMENTED:
-        pytest.skip(f"wc_kernels.{name} is not wired to the native backend")
+        pytest.skip(f"wc_kernels.ops.{name} is not wired to the native backend")
     return module

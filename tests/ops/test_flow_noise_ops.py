@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from wc_kernels import _backend, _registry
-from wc_kernels.flow_noise import ops
-from wc_kernels.flow_noise.ops import FLOW_NOISE, OPS
+from wc_kernels.ops.flow_noise import library
+from wc_kernels.ops.flow_noise.library import FLOW_NOISE, OPS
 
 NATIVE = _backend.native_built()
 GPU = pytest.mark.gpu
@@ -39,7 +39,7 @@ def test_native_only_registration_without_triton(monkeypatch):
     """Without triton installed the op is a plain CPU custom op over the native kernel."""
     monkeypatch.setattr(_registry, "HAVE_TRITON", False)
     suffix = "_native_only_test"
-    torch.library.opcheck(ops.define_ops(suffix, native_cpu=True)[FLOW_NOISE + suffix],
+    torch.library.opcheck(library.define_ops(suffix, native_cpu=True)[FLOW_NOISE + suffix],
                           _flow_args())
 
 

@@ -77,7 +77,7 @@ def test_flow_noise_bad_inputs_rejected(backend, device):
 
 def test_launcher_rejects_bad_operands():
     """The Triton launcher checks shapes, dtypes and devices itself (for direct op users)."""
-    from wc_kernels.flow_noise.triton import flow_noise as launch_flow
+    from wc_kernels.ops.flow_noise.triton import flow_noise as launch_flow
 
     vt, vs = torch.randn(2, 3), torch.randn(2, 3)
     with pytest.raises(ValueError, match="noise must have shape"):

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from wc_kernels import _backend, _registry, grpo_sde_loss, reference, sde_log_prob
-from wc_kernels.grpo_sde_loss import ops
-from wc_kernels.grpo_sde_loss.ops import OPS, SDE_SUMS, SDE_SUMS_BWD
+from wc_kernels.ops.grpo_sde_loss import library
+from wc_kernels.ops.grpo_sde_loss.library import OPS, SDE_SUMS, SDE_SUMS_BWD
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = pytest.mark.gpu
@@ -175,7 +175,7 @@ import torch
 from torch._subclasses.functional_tensor import dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 from wc_kernels._registry import TRITON_TWIN
-from wc_kernels.grpo_sde_loss.ops import OPS, SDE_SUMS, SDE_SUMS_BWD
+from wc_kernels.ops.grpo_sde_loss.library import OPS, SDE_SUMS, SDE_SUMS_BWD
 
 def kernels_in(op, args):
     gm = make_fx(dispatch_functionalize(op), tracing_mode="fake")(*args)
@@ -210,7 +210,7 @@ def test_native_every_instruction_set_matches_triton(dtype, cols):
     """Every instruction set's inner loops (block tails, chunked rows, fp16 via F16C) give the
     Triton kernels' sums and gradient."""
     from wc_kernels import _native
-    from wc_kernels.grpo_sde_loss.triton import sde_residual_sums, sde_residual_sums_bwd
+    from wc_kernels.ops.grpo_sde_loss.triton import sde_residual_sums, sde_residual_sums_bwd
 
     m, x, p, r, coef = _sums_args(b=3, d=cols, dtype=dtype)
     m = m.detach()
@@ -235,7 +235,7 @@ def test_native_every_instruction_set_matches_triton(dtype, cols):
 def test_native_only_registration_without_triton(monkeypatch):
     """Without triton installed the ops are plain CPU custom ops over the native kernels."""
     monkeypatch.setattr(_registry, "HAVE_TRITON", False)
-    op = ops.define_ops("_native_only_test", native_cpu=True)[SDE_SUMS + "_native_only_test"]
+    op = library.define_ops("_native_only_test", native_cpu=True)[SDE_SUMS + "_native_only_test"]
     torch.library.opcheck(op, _sums_args())
     m, x, p, r, coef = _sums_args(b=2, d=3, dtype=torch.float64)
     assert torch.autograd.gradcheck(lambda v: op(v, x, p, r, coef), (m,))

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from wc_kernels import _backend, _registry, nft_loss
-from wc_kernels.nft_loss import ops
-from wc_kernels.nft_loss.ops import NFT_LOSS, OPS
+from wc_kernels.ops.nft_loss import library
+from wc_kernels.ops.nft_loss.library import NFT_LOSS, OPS
 
 NATIVE = _backend.native_built()
 GPU = pytest.mark.gpu
@@ -44,7 +44,7 @@ def test_native_only_registration_without_triton(monkeypatch):
     """Without triton installed the op is a plain CPU custom op over the native kernel."""
     monkeypatch.setattr(_registry, "HAVE_TRITON", False)
     suffix = "_native_only_test"
-    torch.library.opcheck(ops.define_ops(suffix, native_cpu=True)[NFT_LOSS + suffix],
+    torch.library.opcheck(library.define_ops(suffix, native_cpu=True)[NFT_LOSS + suffix],
                           _nft_args())
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from wc_kernels import _backend, nft_loss, reference
-from wc_kernels.nft_loss import ops
+from wc_kernels.ops.nft_loss import library
 
 BACKENDS = ["reference", "triton"] + (["native"] if _backend.native_built() else [])
 FUSED = [b for b in BACKENDS if b != "reference"]
@@ -53,13 +53,13 @@ def test_reductions_and_scale_match_the_reference(backend, space, reduction, sca
 def test_backward_skips_its_pass_exactly_when_the_upstream_gradient_is_the_applied_factor(
         monkeypatch, backend, reduction):
     decisions = []
-    check = ops._upstream_is_grad_scale
+    check = library._upstream_is_grad_scale
 
     def spy(grad_loss, grad_scale):
         decisions.append(check(grad_loss, grad_scale))
         return decisions[-1]
 
-    monkeypatch.setattr(ops, "_upstream_is_grad_scale", spy)
+    monkeypatch.setattr(library, "_upstream_is_grad_scale", spy)
     vt, vo, vs, r, _ = _inputs()
     for factor in (1.0, 2.5):
         v = vt.clone().requires_grad_()

@@ -137,7 +137,7 @@ def test_nft_loss_bad_inputs_rejected(backend, device):
 
 def test_launcher_rejects_bad_operands():
     """The Triton launcher checks shapes, dtypes and devices itself (for direct op users)."""
-    from wc_kernels.nft_loss.triton import nft_loss_fwd
+    from wc_kernels.ops.nft_loss.triton import nft_loss_fwd
 
     vt, vo, vs, r, sigma = _nft_inputs((2, 3), torch.float32, "cpu")
     with pytest.raises(ValueError, match="v_theta must be"):

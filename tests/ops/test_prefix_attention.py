@@ -66,7 +66,7 @@ def test_flex_forward_matches_reference(case):
 
 def test_auto_on_cpu_uses_the_split_path():
     from wc_kernels._backend import resolve
-    from wc_kernels.prefix_attention import IMPLEMENTED
+    from wc_kernels.ops.prefix_attention import IMPLEMENTED
 
     assert resolve("prefix_attention", "auto", torch.device("cpu"), IMPLEMENTED) == "split"
 
@@ -77,7 +77,7 @@ def test_flex_on_cuda_needs_head_dim_16():
     for a CUDA tensor (only dtype, shape and device are read)."""
     from types import SimpleNamespace
 
-    from wc_kernels.prefix_attention import FLEX_CUDA_MIN_HEAD_DIM, _candidates
+    from wc_kernels.ops.prefix_attention import FLEX_CUDA_MIN_HEAD_DIM, _candidates
 
     def like(d, device):
         return SimpleNamespace(dtype=torch.float32, shape=(1, 1, 1, d), device=torch.device(device))

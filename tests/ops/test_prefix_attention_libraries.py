@@ -16,9 +16,9 @@ from test_prefix_attention import CASES, _inputs
 
 import wc_kernels
 from wc_kernels import _backend, reference
-from wc_kernels.prefix_attention import _FAST, flash_attn
-from wc_kernels.prefix_attention.flash_attn import FlashAttnKernels
-from wc_kernels.prefix_attention.split import split_prefix_attention
+from wc_kernels.ops.prefix_attention import _FAST, flash_attn
+from wc_kernels.ops.prefix_attention.flash_attn import FlashAttnKernels
+from wc_kernels.ops.prefix_attention.split import split_prefix_attention
 
 NAMES = ("q", "k", "v", "prefix_k", "prefix_v")
 

@@ -18,8 +18,8 @@ import torch
 
 import wc_kernels
 from wc_kernels import reference
-from wc_kernels.prefix_attention import IMPLEMENTED, _candidates
-from wc_kernels.prefix_attention import triton as tri
+from wc_kernels.ops.prefix_attention import IMPLEMENTED, _candidates
+from wc_kernels.ops.prefix_attention import triton as tri
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = pytest.mark.gpu
@@ -115,7 +115,7 @@ def test_no_queries_give_zero_key_gradients(case):
 
 
 def test_lse_output_gets_no_gradient_and_out_is_contiguous():
-    from wc_kernels.prefix_attention.ops import OPS, PREFIX_ATTENTION
+    from wc_kernels.ops.prefix_attention.library import OPS, PREFIX_ATTENTION
 
     ins = _inputs((2, 2, 3, 4, 5, 8), torch.float32)
     out, lse = OPS[PREFIX_ATTENTION](*ins, 0.5)
@@ -124,7 +124,7 @@ def test_lse_output_gets_no_gradient_and_out_is_contiguous():
 
 def test_registered_op_passes_opcheck():
     """Schema, fake kernel and autograd registration of the torch.library op."""
-    from wc_kernels.prefix_attention.ops import OPS, PREFIX_ATTENTION
+    from wc_kernels.ops.prefix_attention.library import OPS, PREFIX_ATTENTION
 
     ins = _inputs((2, 2, 3, 4, 5, 8), torch.float32)
     torch.library.opcheck(OPS[PREFIX_ATTENTION], (*ins, 0.5),
@@ -267,7 +267,7 @@ _TRACE_SCRIPT = """
 import torch
 from torch._subclasses.functional_tensor import dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
-from wc_kernels.prefix_attention.ops import OPS, PREFIX_ATTENTION, PREFIX_ATTENTION_BWD
+from wc_kernels.ops.prefix_attention.library import OPS, PREFIX_ATTENTION, PREFIX_ATTENTION_BWD
 
 def kernels_in(op, args):
     gm = make_fx(dispatch_functionalize(op), tracing_mode="fake")(*args)

@@ -22,10 +22,10 @@ from test_flow_noise_ops import _flow_args
 from test_nft_loss_ops import _nft_args
 
 from wc_kernels import _backend, _registry, flow_noise, nft_loss
-from wc_kernels.flow_noise import ops as flow_ops
-from wc_kernels.flow_noise.triton import flow_noise as launch_flow
-from wc_kernels.nft_loss import ops as nft_ops
-from wc_kernels.nft_loss.triton import nft_loss_fwd as launch_nft
+from wc_kernels.ops.flow_noise import library as flow_ops
+from wc_kernels.ops.flow_noise.triton import flow_noise as launch_flow
+from wc_kernels.ops.nft_loss import library as nft_ops
+from wc_kernels.ops.nft_loss.triton import nft_loss_fwd as launch_nft
 
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = _backend.native_built()
@@ -92,8 +92,8 @@ import torch
 from torch._subclasses.functional_tensor import dispatch_functionalize
 from torch.fx.experimental.proxy_tensor import make_fx
 from wc_kernels import _backend, nft_loss
-from wc_kernels.flow_noise.ops import FLOW_NOISE, OPS as FLOW_OPS
-from wc_kernels.nft_loss.ops import NFT_LOSS, OPS as NFT_OPS
+from wc_kernels.ops.flow_noise.library import FLOW_NOISE, OPS as FLOW_OPS
+from wc_kernels.ops.nft_loss.library import NFT_LOSS, OPS as NFT_OPS
 
 def kernels_in(op, args):
     gm = make_fx(dispatch_functionalize(op), tracing_mode="fake")(*args)

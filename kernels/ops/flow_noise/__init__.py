@@ -7,7 +7,7 @@ from torch import Tensor
 
 from wc_kernels import _checks
 from wc_kernels._backend import resolve
-from wc_kernels.flow_noise import naive
+from wc_kernels.ops.flow_noise import naive
 
 IMPLEMENTED = ("reference", "triton", "native")
 
@@ -50,8 +50,8 @@ def flow_noise(
     ``noise``.
 
     ``backend="triton"`` / ``"native"`` run the fused op ``wc_fast::flow_noise`` (see
-    :mod:`wc_kernels.flow_noise.ops`), which reads each clean row once for all its K outputs;
-    ``sigmas`` are used in fp32 and non-contiguous inputs are copied first.
+    :mod:`wc_kernels.ops.flow_noise.library`), which reads each clean row once for all its K
+    outputs; ``sigmas`` are used in fp32 and non-contiguous inputs are copied first.
     ``check_values=False`` skips the host-side range check of ``sigmas`` (a device sync on
     CUDA).
     """
@@ -64,7 +64,7 @@ def flow_noise(
     if chosen == "reference":
         return naive.flow_noise(x0, sigmas, noise)
     from wc_kernels._registry import op_for
-    from wc_kernels.flow_noise.ops import FLOW_NOISE, OPS
+    from wc_kernels.ops.flow_noise.library import FLOW_NOISE, OPS
 
     op = op_for(FLOW_NOISE, chosen, x0.device, OPS)
     x_t, v_target = op(x0.reshape(s, -1), sigmas, noise.reshape(s * k, -1))

@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from wc_kernels import _registry
 from wc_kernels._dtypes import compute_dtype
-from wc_kernels.nft_loss import native
+from wc_kernels.ops.nft_loss import native
 
 NFT_LOSS = "wc_fast::nft_loss_fwd"
 
@@ -65,7 +65,7 @@ def define_ops(suffix: str, native_cpu: bool) -> dict[str, Any]:
     """``nft_loss_fwd`` + ``suffix``, native on CPU when ``native_cpu``."""
     launch = None
     if _registry.HAVE_TRITON:
-        from wc_kernels.nft_loss.triton import nft_loss_fwd as launch
+        from wc_kernels.ops.nft_loss.triton import nft_loss_fwd as launch
     op = _registry.define(NFT_LOSS + suffix, launch, native.nft_loss_fwd, native_cpu)
     op.register_fake(_fake)
     op.register_autograd(_backward, setup_context=_setup_context)

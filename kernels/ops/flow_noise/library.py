@@ -15,7 +15,7 @@ from torch import Tensor
 
 from wc_kernels import _registry
 from wc_kernels._dtypes import compute_dtype
-from wc_kernels.flow_noise import native
+from wc_kernels.ops.flow_noise import native
 
 FLOW_NOISE = "wc_fast::flow_noise"
 
@@ -50,7 +50,7 @@ def define_ops(suffix: str, native_cpu: bool) -> dict[str, Any]:
     """``flow_noise`` + ``suffix``, native on CPU when ``native_cpu``."""
     launch = None
     if _registry.HAVE_TRITON:
-        from wc_kernels.flow_noise.triton import flow_noise as launch
+        from wc_kernels.ops.flow_noise.triton import flow_noise as launch
     op = _registry.define(FLOW_NOISE + suffix, launch, native.flow_noise, native_cpu)
     op.register_fake(_fake)
     op.register_autograd(_backward, setup_context=_setup_context)

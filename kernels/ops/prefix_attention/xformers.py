@@ -2,7 +2,7 @@
 
 ``memory_efficient_attention_partial_autograd`` returns a partial (output plus LSE) and
 ``merge_attentions_autograd`` merges partials; its backward hands every partial the merged
-output and LSE, the same construction as :mod:`wc_kernels.prefix_attention.split`. The prefix
+output and LSE, the same construction as :mod:`wc_kernels.ops.prefix_attention.split`. The prefix
 partial runs on all rows folded into one query sequence against the single prefix copy, then is
 reshaped into rows so both partials have the same query shape. Layout in xformers:
 ``[B, M, H, K]``.

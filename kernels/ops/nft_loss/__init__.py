@@ -8,7 +8,7 @@ from torch import Tensor
 
 from wc_kernels import _checks
 from wc_kernels._backend import resolve
-from wc_kernels.nft_loss import naive
+from wc_kernels.ops.nft_loss import naive
 
 SPACES = ("velocity", "x0")
 REDUCTIONS = ("mean", "sum", "none")
@@ -71,7 +71,7 @@ def nft_loss(
     example ``1 / total`` when the samples of one step come in several calls).
 
     ``backend="triton"`` / ``"native"`` run the fused op ``wc_fast::nft_loss_fwd`` (see
-    :mod:`wc_kernels.nft_loss.ops`): one pass over the inputs (two for ``x0``) yields the
+    :mod:`wc_kernels.ops.nft_loss.library`): one pass over the inputs (two for ``x0``) yields the
     per-sample loss and the gradient already multiplied by the reduction's factor and
     ``scale``, so the backward of ``loss.backward()`` has nothing left to do (on CPU; on CUDA it
     multiplies by the upstream gradient). ``r`` and ``sigma`` are used in fp32 and
@@ -93,7 +93,7 @@ def nft_loss(
                                     space=space)
     else:
         from wc_kernels._registry import op_for
-        from wc_kernels.nft_loss.ops import NFT_LOSS, OPS
+        from wc_kernels.ops.nft_loss.library import NFT_LOSS, OPS
 
         op = op_for(NFT_LOSS, chosen, v_theta.device, OPS)
         x0 = space == "x0"

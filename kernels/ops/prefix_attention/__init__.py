@@ -9,10 +9,10 @@ from torch import Tensor
 
 from wc_kernels import _checks
 from wc_kernels._backend import resolve
-from wc_kernels.prefix_attention import naive
-from wc_kernels.prefix_attention.flex import flex_prefix_attention
-from wc_kernels.prefix_attention.split import split_prefix_attention
-from wc_kernels.prefix_attention.xformers import xformers_prefix_attention
+from wc_kernels.ops.prefix_attention import naive
+from wc_kernels.ops.prefix_attention.flex import flex_prefix_attention
+from wc_kernels.ops.prefix_attention.split import split_prefix_attention
+from wc_kernels.ops.prefix_attention.xformers import xformers_prefix_attention
 
 IMPLEMENTED = ("reference", "triton", "split", "flex", "flash_attn", "xformers")
 _HALF = (torch.float16, torch.bfloat16)
@@ -31,9 +31,9 @@ def _min_head_dim(backend: str, device: torch.device) -> int:
 
 def triton_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
                             prefix_v: Tensor, scale: float) -> Tensor:
-    """The fused Triton kernels (:mod:`wc_kernels.prefix_attention.triton`) through the
+    """The fused Triton kernels (:mod:`wc_kernels.ops.prefix_attention.triton`) through the
     registered op ``wc_fast::prefix_attention_fwd`` and its autograd."""
-    from wc_kernels.prefix_attention.ops import OPS, PREFIX_ATTENTION
+    from wc_kernels.ops.prefix_attention.library import OPS, PREFIX_ATTENTION
 
     return OPS[PREFIX_ATTENTION](q, k, v, prefix_k, prefix_v, scale)[0]
 
@@ -41,7 +41,7 @@ def triton_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
 def flash_attn_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
                                 prefix_v: Tensor, scale: float) -> Tensor:
     """The split path with the ``flash-attn`` library's CUDA kernels as its partials."""
-    from wc_kernels.prefix_attention.flash_attn import flash_attn_kernels
+    from wc_kernels.ops.prefix_attention.flash_attn import flash_attn_kernels
 
     return split_prefix_attention(q, k, v, prefix_k, prefix_v, scale, flash_attn_kernels())
 

@@ -3,7 +3,7 @@
 ``flash_attn_func(..., return_attn_probs=True)`` gives the output and its natural-log LSE; the
 library's backward ``_flash_attn_backward`` recomputes the probabilities from the ``out`` and
 ``lse`` it is handed, so passing the MERGED ones gives the exact gradient of the merged
-attention (see :mod:`wc_kernels.prefix_attention.split`). The backward's keyword arguments
+attention (see :mod:`wc_kernels.ops.prefix_attention.split`). The backward's keyword arguments
 changed across flash-attn 2.x (``window_size`` became ``window_size_left/right``, ``softcap``
 appeared), so they are matched by name against the installed version.
 """
@@ -32,7 +32,7 @@ def _parameter_names(fn) -> tuple[str, ...]:
 
 
 class FlashAttnKernels:
-    """:class:`wc_kernels.prefix_attention.split.PartialKernels` over ``flash_attn``
+    """:class:`wc_kernels.ops.prefix_attention.split.PartialKernels` over ``flash_attn``
     (``[B, L, H, D]``)."""
 
     def __init__(self, interface) -> None:

@@ -8,7 +8,7 @@ of softmax attention over the union of keys (the xformers ``merge_training`` con
 
 The partial attentions come from a :class:`PartialKernels` pair: PyTorch's fused CPU
 flash-attention kernels here (they return the LSE and take it back in the backward), the
-``flash-attn`` library's CUDA kernels in :mod:`wc_kernels.prefix_attention.flash_attn`. No
+``flash-attn`` library's CUDA kernels in :mod:`wc_kernels.ops.prefix_attention.flash_attn`. No
 library exposes "attention over a shared prefix plus per-row keys with gradients" on CPU, hence
 this small autograd function.
 """

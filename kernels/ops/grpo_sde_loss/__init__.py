@@ -11,7 +11,7 @@ from torch import Tensor
 from wc_kernels import _checks
 from wc_kernels._backend import resolve
 from wc_kernels._dtypes import compute_dtype
-from wc_kernels.grpo_sde_loss import naive
+from wc_kernels.ops.grpo_sde_loss import naive
 
 IMPLEMENTED = ("reference", "triton", "native")
 LOG_SQRT_2PI = math.log(math.sqrt(2.0 * math.pi))
@@ -89,7 +89,7 @@ def _fused_stats(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigm
     """``log_prob [B]`` and ``kl [B]`` from one fused pass of ``backend`` ("triton" or
     "native") over the rows (``kl`` zero without ``ref_output``)."""
     from wc_kernels._registry import op_for
-    from wc_kernels.grpo_sde_loss.ops import OPS, SDE_SUMS
+    from wc_kernels.ops.grpo_sde_loss.library import OPS, SDE_SUMS
 
     acc = compute_dtype(model_output.dtype)
     b = model_output.shape[0]

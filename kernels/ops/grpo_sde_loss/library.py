@@ -1,7 +1,7 @@
 """``torch.library`` registration of GRPO's SDE residual sums: ``wc_fast::sde_residual_sums``,
 its backward op, and their Triton twins, with fake kernels and autograd (see
 :mod:`wc_kernels._registry` for how the pairs dispatch; the kernels are in
-:mod:`wc_kernels.grpo_sde_loss.triton`).
+:mod:`wc_kernels.ops.grpo_sde_loss.triton`).
 
 ``sde_residual_sums(model_output, sample, prev_sample [B, D], ref_output [B, D] | None,
 coef [B, 2]) -> sums [B, 2]`` (fp32, fp64 for fp64 inputs) with
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from wc_kernels import _registry
 from wc_kernels._dtypes import compute_dtype
-from wc_kernels.grpo_sde_loss import native
+from wc_kernels.ops.grpo_sde_loss import native
 
 SDE_SUMS = "wc_fast::sde_residual_sums"
 SDE_SUMS_BWD = "wc_fast::sde_residual_sums_bwd"
@@ -62,8 +62,8 @@ def define_ops(suffix: str, native_cpu: bool) -> dict[str, Any]:
     ``native_cpu``."""
     launch = launch_bwd = None
     if _registry.HAVE_TRITON:
-        from wc_kernels.grpo_sde_loss.triton import sde_residual_sums as launch
-        from wc_kernels.grpo_sde_loss.triton import sde_residual_sums_bwd as launch_bwd
+        from wc_kernels.ops.grpo_sde_loss.triton import sde_residual_sums as launch
+        from wc_kernels.ops.grpo_sde_loss.triton import sde_residual_sums_bwd as launch_bwd
     backward = _registry.define(SDE_SUMS_BWD + suffix, launch_bwd, native.sde_residual_sums_bwd,
                                 native_cpu)
     backward.register_fake(_bwd_fake)

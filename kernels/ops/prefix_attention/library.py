@@ -1,6 +1,6 @@
 """``torch.library`` registration of the fused Triton shared-prefix attention (Triton on every
 device; registered when triton is installed), with fake kernels and autograd. The kernels are
-in :mod:`wc_kernels.prefix_attention.triton`; :mod:`wc_kernels._registry` has the machinery.
+in :mod:`wc_kernels.ops.prefix_attention.triton`; :mod:`wc_kernels._registry` has the machinery.
 
 ``wc_fast::prefix_attention_fwd(q [B, H, L, D], k, v [B, H, Lk, D], prefix_k, prefix_v
 [1, H, P, D], scale) -> (out [B, H, L, D], lse [B, H, L] fp32)``. Backward:
@@ -48,7 +48,7 @@ def _backward(ctx: Any, grad_out: Tensor, _grad_lse: Tensor | None) -> tuple:
 
 def define_ops() -> dict[str, Any]:
     """The forward op, with autograd through the backward op."""
-    from wc_kernels.prefix_attention.triton import prefix_attention_bwd, prefix_attention_fwd
+    from wc_kernels.ops.prefix_attention.triton import prefix_attention_bwd, prefix_attention_fwd
 
     backward = _registry.define(PREFIX_ATTENTION_BWD, prefix_attention_bwd, None, native=False)
     backward.register_fake(_bwd_fake)

@@ -36,7 +36,7 @@ from wc_kernels._triton import (
     row_split,
     tl_acc,
 )
-from wc_kernels.nft_loss.naive import X0_WEIGHT_FLOOR
+from wc_kernels.ops.nft_loss.naive import X0_WEIGHT_FLOOR
 
 GPU_BLOCK = 2048  # per loop step: 8 elements per thread, one 16-byte load for bf16
 GPU_WARPS = 8
