@@ -178,16 +178,10 @@ def test_the_embedded_model_works_on_pixels():
 
 
 def test_heldout_loss_bench_scores_every_model_on_one_batch(pretrained_dir, capsys):
-    import importlib.util
-    from pathlib import Path
-
+    from studies import heldout_loss as bench
     from wc_fast.pretrain import flow_matching_loss
     from wc_fast.world import sample_sequences
 
-    script = Path(__file__).resolve().parent.parent / "bench" / "heldout_loss.py"
-    spec = importlib.util.spec_from_file_location("heldout_loss", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     path = pretrained_dir / "base_model.safetensors"
     assert bench.main([str(path), str(path)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

@@ -1,7 +1,7 @@
 """Held-out learning curve of RL on the embedded world: does training on fresh prompts raise
 the action following of prompts it never saw?
 
-    python bench/learning_curve.py [--iters 120] [--every 30] [--fixed N] [--out FILE]
+    python -m studies.learning_curve [--iters 120] [--every 30] [--fixed N] [--out FILE]
                                    [section.field=value ...]
 
 The ``cpu`` preset trains on clip 1 of fresh two-key prompts (``rollout.num_clips=1``,
