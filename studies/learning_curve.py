@@ -10,7 +10,7 @@ iterations the current model generates 8 candidates (ODE sampler, fixed noises) 
 ``--eval-n`` held-out two-key prompts and as many basic ones, and the evaluation estimator
 scores their full-action accuracy (the eval's metric; ``*_accR`` and ``*_ifR`` are the reward
 estimator's accuracy and IF). ``--fixed N`` trains on N fixed prompts instead of fresh ones.
-Results: bench/RESULTS.md.
+Results: docs/experiment_log.md.
 """
 
 from __future__ import annotations

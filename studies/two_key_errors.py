@@ -13,7 +13,7 @@ read by the evaluation estimator. ``--weights``: a state dict of the cpu preset'
 (whose only history frame is the prompt, which neither touches): ``--latent-scale S`` reads
 every candidate's motion latents at S times their value (the motion embedding's weight scaled:
 wider speeds, turn rates and onsets than pretraining drew); ``--key-scale T,R`` scales the
-embeddings of the translation and the rotation keys. Results: bench/RESULTS.md.
+embeddings of the translation and the rotation keys. Results: docs/experiment_log.md.
 """
 
 from __future__ import annotations
