@@ -6,6 +6,8 @@ The ops package's source is the ``kernels/`` folder and its import name ``wc_ker
 installed): ``package_dir`` maps the one to the other, in wheels and in editable installs
 alike. The extension is built into ``kernels/`` for an editable install, as before.
 
+The study programs in ``studies/`` install as the top-level package ``studies``.
+
 The package is pure Python plus Triton; the native extension only adds ``backend="native"``.
 It is built when torch is importable at build time (install with ``--no-build-isolation`` so
 the build sees the installed torch instead of downloading another) and skipped, with a
@@ -24,8 +26,10 @@ PACKAGE_DIR = {"wc_kernels": "kernels"}
 
 
 def packages() -> list[str]:
-    """wc_fast and its subpackages as they are, kernels/ and its subpackages as wc_kernels."""
-    found = find_namespace_packages(include=["wc_fast", "wc_fast.*", "kernels", "kernels.*"],
+    """wc_fast and its subpackages as they are, kernels/ and its subpackages as wc_kernels, and
+    studies/ (the study programs, ``python -m studies.<name>``; its results/ folder is data)."""
+    found = find_namespace_packages(include=["wc_fast", "wc_fast.*", "kernels", "kernels.*",
+                                             "studies"],
                                     exclude=["*.__pycache__"])
     return sorted("wc_kernels" + name[len("kernels"):] if name.split(".")[0] == "kernels"
                   else name for name in found)

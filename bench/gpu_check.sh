@@ -19,7 +19,7 @@
 # 5. one RL iteration of a Wan2.1-1.3B-shaped model with random weights, with and without
 #    LoRA and activation checkpointing              -> OUT_DIR/wan_iteration.json
 # 6. model-level benchmarks (shared prefix, sampler)  -> OUT_DIR/bench_model.json
-# 7. a short table of all of the above (bench/summarize.py) -> OUT_DIR/summary.txt
+# 7. a short table of all of the above (python -m studies.summarize) -> OUT_DIR/summary.txt
 # Everything printed also goes to OUT_DIR/gpu_check.log: at most 8 files, none in a subfolder.
 # The exit status is non-zero if any step failed or ran out of time.
 #
@@ -132,13 +132,13 @@ EOF
     run_step 120 "attention benchmarks" "${bench[@]}" bench/test_bench_attention.py \
         --benchmark-json="$out/bench_attention.json"
     run_step 130 "GPU tests" "${pytest[@]}" -m gpu tests/ --junitxml="$out/gpu_tests.xml"
-    local rl=("$py" bench/rl_iteration.py --preset paper --init random)
+    local rl=("$py" -m studies.rl_iteration --preset paper --init random)
     if [[ "$dry_run" == 1 ]]; then
-        rl=("$py" bench/rl_iteration.py --preset smoke --device cpu)
+        rl=("$py" -m studies.rl_iteration --preset smoke --device cpu)
     fi
-    local wan=("$py" bench/wan_iteration.py --shape wan2.1-1.3b)
+    local wan=("$py" -m studies.wan_iteration --shape wan2.1-1.3b)
     if [[ "$dry_run" == 1 ]]; then
-        wan=("$py" bench/wan_iteration.py --shape tiny --device cpu --resolution 64
+        wan=("$py" -m studies.wan_iteration --shape tiny --device cpu --resolution 64
              --clip-frames 2 --group-size 4 --steps 2 --variants full,lora+checkpointing)
     fi
     local results=("$out/bench_kernels.json" "$out/bench_attention.json" "$out/gpu_tests.xml")
@@ -154,7 +154,7 @@ EOF
     results+=("$out/bench_model.json")
 
     echo "=== gpu_check: summary"
-    "$py" bench/summarize.py "${results[@]}" | tee "$out/summary.txt"
+    "$py" -m studies.summarize "${results[@]}" | tee "$out/summary.txt"
     local files
     files=$(find "$out" -mindepth 1 | wc -l)
     if ((files > max_files)) || [[ -n "$(find "$out" -mindepth 1 ! -type f)" ]]; then

@@ -134,7 +134,7 @@ std::atomic<bool> g_poison_outputs{false};
 // Outputs of a pass larger than this together are written with streaming stores (see
 // stream_bytes in simd_kernels.h). 32 MiB is one CCD's L3 on EPYC and about half a Xeon's:
 // on a 2-core EPYC VM (32 MiB L3), flow_noise with plain stores was 1.4x faster at 16 MB of
-// outputs and with streaming stores 1.4x faster at 96 MB (bench/RESULTS.md). A fixed size,
+// outputs and with streaming stores 1.4x faster at 96 MB (docs/experiment_log.md). A fixed size,
 // because what sysconf reports for the last-level cache on a VM is the host's (256 MiB there).
 std::atomic<int64_t> g_stream_min_bytes{int64_t{32} << 20};
 

@@ -5,7 +5,7 @@ to the end with exit 0, every GPU-marked test is collected and skips, the benchm
 collected (imported), and the output folder respects the limits of what comes back from the
 GPU machine (at most 8 plain files, none in a subfolder, each under 16 MiB). The RL-iteration
 step is left out (``GPU_CHECK_SKIP_RL=1``): its smoke preset has its own test in
-``test_bench_scripts.py`` and takes minutes on a busy 2-core machine.
+``test_studies.py`` and takes minutes on a busy 2-core machine.
 """
 
 import os

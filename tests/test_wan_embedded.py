@@ -177,32 +177,26 @@ def test_the_embedded_model_works_on_pixels():
     assert isinstance(frame_codec(TINY), PixelFrames)
 
 
-def test_heldout_loss_bench_scores_every_model_on_one_batch(pretrained_dir, capsys):
-    import importlib.util
-    from pathlib import Path
-
+def test_heldout_loss_scores_every_model_on_one_batch(pretrained_dir, capsys):
+    from studies import heldout_loss as study
     from wc_fast.pretrain import flow_matching_loss
     from wc_fast.world import sample_sequences
 
-    script = Path(__file__).resolve().parent.parent / "bench" / "heldout_loss.py"
-    spec = importlib.util.spec_from_file_location("heldout_loss", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     path = pretrained_dir / "base_model.safetensors"
-    assert bench.main([str(path), str(path)]) == 0
+    assert study.main([str(path), str(path)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2 and lines[0] == lines[1]
     model = load_world_model(path)
-    batch = sample_sequences(bench.SEQUENCES, num_clips=bench.CLIPS, seed=bench.SEED,
+    batch = sample_sequences(study.SEQUENCES, num_clips=study.CLIPS, seed=study.SEED,
                              composite_fraction=0.0)
     with torch.no_grad():
-        want = sum(flow_matching_loss(model, batch.frames, batch.actions, shift=bench.SHIFT,
+        want = sum(flow_matching_loss(model, batch.frames, batch.actions, shift=study.SHIFT,
                                       gen=torch.Generator().manual_seed(k)).item()
-                   for k in range(bench.DRAWS)) / bench.DRAWS
+                   for k in range(study.DRAWS)) / study.DRAWS
     assert lines[0].endswith(f"held-out loss {want:.4f}")
-    assert bench.main([str(path), "--by-sigma"]) == 0
+    assert study.main([str(path), "--by-sigma"]) == 0
     rows = capsys.readouterr().out.strip().splitlines()[1:]
-    assert len(rows) == len(bench.SIGMAS)
+    assert len(rows) == len(study.SIGMAS)
     # one row per noise level, highest first: the noisy input's own error falls with sigma
     noisy = [float(r.split("noisy input ")[1].rstrip(")")) for r in rows]
     assert noisy == sorted(noisy, reverse=True)

@@ -105,7 +105,7 @@ def test_intrinsics_normalise_the_default_k_as_pose_to_input_does():
 
 def test_matches_the_official_pose_to_input_on_every_key():
     """The golden fixture holds what HY-WorldPlay's own pose_to_input makes of a pose string
-    that presses every key (bench/make_worldplay_fixture.py)."""
+    that presses every key (studies/make_worldplay_fixture.py)."""
     fixture = Path(__file__).parent / "fixtures" / "worldplay_tiny"
     card = json.loads(fixture.with_suffix(".json").read_text())
     tensors = load_file(fixture.with_suffix(".safetensors"))

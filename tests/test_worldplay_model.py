@@ -1,5 +1,5 @@
 """WorldPlayWorldModel against the official HY-WorldPlay transformer (the golden fixture made by
-bench/make_worldplay_fixture.py), and its protocol behaviour."""
+studies/make_worldplay_fixture.py), and its protocol behaviour."""
 
 from __future__ import annotations
 

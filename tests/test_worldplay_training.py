@@ -4,11 +4,9 @@ end with checkpoints and an exact resume."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -110,11 +108,8 @@ def test_two_gloo_ranks_with_fsdp2_train_as_one_process(tiny_dir, tmp_path):
 
 
 def test_memory_script_measures_the_checkpointed_residual_and_the_cache():
-    spec = importlib.util.spec_from_file_location(
-        "worldplay_memory", Path(__file__).resolve().parent.parent / "bench" /
-        "worldplay_memory.py")
-    memory = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(memory)
+    from studies import worldplay_memory as memory
+
     measured = memory.measure_tiny()
     # with checkpointing a block keeps only its fp32 input: 4 bytes per token and channel
     assert measured["ckpt"] == 4.0 and measured["full"] > 10 * measured["ckpt"]

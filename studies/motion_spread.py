@@ -1,6 +1,6 @@
 """How differently a world model's candidates move: ``motion_spread`` on held-out groups.
 
-    python bench/motion_spread.py [--checkpoint PATH] [--groups 8] [--json PATH]
+    python -m studies.motion_spread [--checkpoint PATH] [--groups 8] [--json PATH]
                                   [--action-exploration S] [--warp-exploration S]
 
 For ``--groups`` held-out world prompts and commands of each kind (one key, two keys), the

@@ -1,7 +1,7 @@
 """Held-out learning curve of RL on the embedded world: does training on fresh prompts raise
 the action following of prompts it never saw?
 
-    python bench/learning_curve.py [--iters 120] [--every 30] [--fixed N] [--out FILE]
+    python -m studies.learning_curve [--iters 120] [--every 30] [--fixed N] [--out FILE]
                                    [section.field=value ...]
 
 The ``cpu`` preset trains on clip 1 of fresh two-key prompts (``rollout.num_clips=1``,
@@ -10,7 +10,7 @@ iterations the current model generates 8 candidates (ODE sampler, fixed noises) 
 ``--eval-n`` held-out two-key prompts and as many basic ones, and the evaluation estimator
 scores their full-action accuracy (the eval's metric; ``*_accR`` and ``*_ifR`` are the reward
 estimator's accuracy and IF). ``--fixed N`` trains on N fixed prompts instead of fresh ones.
-Results: bench/RESULTS.md.
+Results: docs/experiment_log.md.
 """
 
 from __future__ import annotations

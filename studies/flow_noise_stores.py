@@ -1,6 +1,6 @@
 """How the native ``flow_noise`` kernel writes its outputs: plain against streaming stores.
 
-    python bench/flow_noise_stores.py [--rounds 30]
+    python -m studies.flow_noise_stores [--rounds 30]
 
 Calls the bare extension in a loop at the two shapes of ``bench/test_bench_cpu.py``'s
 ``flow_noise`` groups, once with every output written by plain stores and once with streaming

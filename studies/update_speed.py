@@ -1,9 +1,9 @@
 """Seconds per RL iteration of several study rows, timed side by side in one process.
 
-    python bench/update_speed.py --rows recipe,recipe_flow_grpo_same,recipe_flow_grpo_fast \
-        --json bench/results/update_speed.json
+    python -m studies.update_speed --rows recipe,recipe_flow_grpo_same,recipe_flow_grpo_fast \
+        --json studies/results/update_speed.json
 
-Each row of ``bench/replicate.py`` (its ``wc_fast.train`` arguments on the cpu preset) gets a
+Each row of ``studies/replicate.py`` (its ``wc_fast.train`` arguments on the cpu preset) gets a
 trainer from the same base weights. After one untimed warm-up iteration each (compilation,
 first-call overheads), the rows take turns, one iteration each per round, at the same step, so
 a shared machine's drift in speed lands on every row alike; the rounds walk through the clip
@@ -22,13 +22,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from replicate import ROWS, training_args  # noqa: E402
-
-from wc_fast.cli import parse_run_args  # noqa: E402
-from wc_fast.train import initial_model  # noqa: E402
-from wc_fast.trainer import Trainer  # noqa: E402
+from studies.replicate import ROWS, training_args
+from wc_fast.cli import parse_run_args
+from wc_fast.train import initial_model
+from wc_fast.trainer import Trainer
 
 PHASES = ("rollout", "reward", "train")
 
@@ -55,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="recipe,recipe_flow_grpo_same,recipe_flow_grpo,"
                                           "recipe_flow_grpo_fast",
-                        help="comma-separated rows of bench/replicate.py; the first is the "
+                        help="comma-separated rows of studies/replicate.py; the first is the "
                              "baseline of the ratios")
     parser.add_argument("--rounds", type=int, default=6,
                         help="timed iterations per row (6 covers the cpu preset's clip indices)")
@@ -78,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['train']:>8.2f}{r['ratio']:>7.2f}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        command = "python bench/update_speed.py " + " ".join(
+        command = "python -m studies.update_speed " + " ".join(
             argv if argv is not None else sys.argv[1:])
         Path(args.json).write_text(json.dumps({"command": command.strip(), "rounds": args.rounds,
                                                "threads": args.threads, "rows": result},

@@ -1,6 +1,6 @@
 """An RL iteration done the way the official WorldCompass code does it, on our model and config.
 
-The baseline of ``bench/rl_iteration.py``. Same algorithm and numbers of candidates, sigmas and
+The baseline of ``studies/rl_iteration.py``. Same algorithm and numbers of candidates, sigmas and
 updates as :class:`wc_fast.trainer.Trainer`, but with the official execution strategy:
 - one live model; the EMA (old) weights live in fp32 on the CPU and are swapped into the live
   model around every old-model use (the rollout and each old-model forward);

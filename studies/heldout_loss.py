@@ -1,6 +1,6 @@
 """The flow-matching loss of exported world models on one fixed held-out batch.
 
-    python bench/heldout_loss.py RUN/base_model.safetensors [MORE.safetensors ...] [--by-sigma]
+    python -m studies.heldout_loss RUN/base_model.safetensors [MORE.safetensors ...] [--by-sigma]
 
 Every model sees the same 8 rendered sequences of 3 basic-key clips (world seed 777, which
 pretraining never draws) and the same three noise draws, so the numbers compare models of any

@@ -1,6 +1,6 @@
 """How far the IF reward agrees with the evaluation, inside the groups the trainer ranks.
 
-    python bench/reward_agreement.py --preset cpu --groups 30
+    python -m studies.reward_agreement --preset cpu --groups 30
 
 Rolls out the trainer's groups with the base model (G candidates sharing a history and a
 command, clip indices cycling as in training) and scores every candidate with the reward

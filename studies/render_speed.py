@@ -1,4 +1,4 @@
-"""``python bench/render_speed.py [--threads 2] [--frames 2048] [--resolution 32]``.
+"""``python -m studies.render_speed [--threads 2] [--frames 2048] [--resolution 32]``.
 
 Measures the renderer's throughput in frames per second (best of ``--repeats`` runs) on random
 scenes and poses; scene sampling and trajectories are not timed.
@@ -34,7 +34,7 @@ def frames_per_second(*, frames: int = 2048, resolution: int = 32, clip_frames: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python bench/render_speed.py",
+    parser = argparse.ArgumentParser(prog="python -m studies.render_speed",
                                      description="Renderer throughput (frames/s).")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--frames", type=int, default=2048)

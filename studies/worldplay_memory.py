@@ -1,7 +1,7 @@
 """Memory per GPU of the WorldPlay presets, from the model's shapes, with the activation and
 cache terms measured on the tiny model and scaled.
 
-    python bench/worldplay_memory.py
+    python -m studies.worldplay_memory
 
 1. Parameter counts of WorldPlay-8B (HunyuanVideo-1.5 480p i2v: 54 double blocks, width 2048,
    16 heads, text 3584, SigLIP 1152, ByT5) from :class:`WorldPlayWorldModel` on the meta device.

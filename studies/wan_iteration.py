@@ -2,7 +2,7 @@
 reward / train seconds, peak memory and the train phase's MFU, with and without LoRA and
 activation checkpointing.
 
-    python bench/wan_iteration.py [--shape wan2.1-1.3b|tiny] [--variants full,lora,...]
+    python -m studies.wan_iteration [--shape wan2.1-1.3b|tiny] [--variants full,lora,...]
                                   [--resolution R] [--json PATH] [--device auto|cpu|cuda]
 
 The transformer has the shape of Wan2.1-T2V-1.3B (30 blocks of width 1536, 12 heads, FFN
@@ -73,7 +73,7 @@ def spec_peak(device: torch.device) -> float | None:
 def run_config(args: argparse.Namespace, rank: int, rerun: bool) -> config_lib.Config:
     """The ``wan`` preset at the benchmark's rollout size, for one variant."""
     cfg = config_lib.build_preset("wan")
-    cfg.model.path = "random weights (bench/wan_iteration.py)"
+    cfg.model.path = "random weights (studies/wan_iteration.py)"
     cfg.model.resolution = args.resolution
     cfg.model.clip_frames = args.clip_frames
     cfg.model.lora_rank = rank

@@ -1,7 +1,7 @@
 """Print a short table from pytest-benchmark JSON files and pytest JUnit XML reports.
 
-Usage: ``python bench/summarize.py FILE...`` (``.json``: benchmark results,
-``bench/rl_iteration.py``'s or ``bench/wan_iteration.py``'s result, ``.xml``: test results).
+Usage: ``python -m studies.summarize FILE...`` (``.json``: benchmark results,
+``studies/rl_iteration.py``'s or ``studies/wan_iteration.py``'s result, ``.xml``: test results).
 Benchmarks are listed by group with their median time per round and the ``extra_info``
 figures; test reports as pass/fail/skip counts plus the failing tests' names; an RL iteration
 as both sides' times, the speedup and the train phase's share of the matmul rate; a Wan
@@ -32,7 +32,7 @@ def benchmark_rows(data: dict) -> list[tuple[str, ...]]:
 
 
 def rl_iteration_summary(path: Path, data: dict) -> list[str]:
-    """``bench/rl_iteration.py --json``: per-phase seconds of both sides, speedup, FLOP share."""
+    """``studies/rl_iteration.py --json``: per-phase seconds of both sides, speedup, FLOP share."""
     ours, theirs = data["ours_phases_s"], data["official_style_phases_s"]
     phases = " ".join(f"{k} {ours[k]:.2f}/{theirs.get(k, float('nan')):.2f}" for k in ours)
     return [f"{path.name}: preset {data['preset']} on {data['device']}: ours "
@@ -46,7 +46,7 @@ def rl_iteration_summary(path: Path, data: dict) -> list[str]:
 
 
 def wan_iteration_summary(path: Path, data: dict) -> list[str]:
-    """``bench/wan_iteration.py --json``: per-variant phase seconds, peak memory and MFU."""
+    """``studies/wan_iteration.py --json``: per-variant phase seconds, peak memory and MFU."""
     lines = [f"{path.name}: {data['shape']} on {data['device_name']}, {data['resolution']}px, "
              f"{data['clip_frames']} latent frames per clip, G={data['group_size']}, "
              f"{data['steps']} steps; {data['matmul_dtype']} matmul "

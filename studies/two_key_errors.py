@@ -1,7 +1,7 @@
 """Where a world model fails on two-key commands: accuracy and per-label errors by kind of
-command, on clip 1 of the held-out prompts of ``bench/learning_curve.py``.
+command, on clip 1 of the held-out prompts of ``studies/learning_curve.py``.
 
-    python bench/two_key_errors.py [--weights W.safetensors] [--n 32] [--candidates 8]
+    python -m studies.two_key_errors [--weights W.safetensors] [--n 32] [--candidates 8]
                                    [--latent-scale S] [--key-scale T,R]
 
 Kinds: TR (one translation and one rotation key), RR (two rotations), TT (two translations).
@@ -13,7 +13,7 @@ read by the evaluation estimator. ``--weights``: a state dict of the cpu preset'
 (whose only history frame is the prompt, which neither touches): ``--latent-scale S`` reads
 every candidate's motion latents at S times their value (the motion embedding's weight scaled:
 wider speeds, turn rates and onsets than pretraining drew); ``--key-scale T,R`` scales the
-embeddings of the translation and the rotation keys. Results: bench/RESULTS.md.
+embeddings of the translation and the rotation keys. Results: docs/experiment_log.md.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from wc_fast.runtime import generator
 from wc_fast.sampler import ClipSampler
 from wc_fast.world import sample_sequences
 
-HELD_OUT_SEED = 777_000  # the two-key set of bench/learning_curve.py
+HELD_OUT_SEED = 777_000  # the two-key set of studies/learning_curve.py
 KINDS = {2: "TT", 1: "TR", 0: "RR"}  # translation keys pressed -> kind
 
 

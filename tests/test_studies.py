@@ -1,22 +1,16 @@
-"""The bench/ scripts run end to end on the smoke preset and report sane numbers (timings are
-not asserted: speed is measured by running the scripts, not in tests)."""
+"""The study programs (studies/) run end to end on the smoke preset and report sane numbers
+(timings are not asserted: speed is measured by running the programs, not in tests)."""
 
-import importlib.util
+import importlib
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
 
 def _load(name: str = "rl_iteration"):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"studies.{name}")
 
 
 @pytest.mark.slow
@@ -114,7 +108,7 @@ def test_replicate_writes_both_tables_and_checks_the_orderings(tmp_path):
                "full": [_study_result(0.42, 1.1, 0.8)],
                "if_only": [_study_result(0.43, 1.3, 0.8)]}
     doc = tmp_path / "replication.md"
-    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    replicate.write_doc(doc, results, "python -m studies.replicate", {"sequences": 2, "clips": 3})
     text = doc.read_text()
     assert "base vs trained (`recipe`, 2 seeds)" in text
     # trained mean +/- sd, then the paired change over the base
@@ -128,7 +122,7 @@ def test_replicate_writes_both_tables_and_checks_the_orderings(tmp_path):
     assert "lower VQ than full training (warp recipe): **yes**" in text
     assert "lower VQ than full training (paper recipe): **no**" in text  # 1.3 against 1.1
     results["recipe_sde"] = [_study_result(0.70, 1.2, 0.8)]
-    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    replicate.write_doc(doc, results, "python -m studies.replicate", {"sequences": 2, "clips": 3})
     assert "gains less two-key accuracy than full (default recipe): **no**" in doc.read_text()
 
 
@@ -138,7 +132,7 @@ def test_replicate_keeps_the_sections_other_commands_measure(tmp_path):
     kept = ["## Reserved evaluation seeds", "", "Seed 7 is kept.", ""]
     doc.write_text("\n".join(["# old", "## Table 1 analog: old", "stale", *kept]))
     results = {"base": [_study_result(0.40, 1.0, 0.8)], "recipe": [_study_result(0.5, 1.5, 0.8)]}
-    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    replicate.write_doc(doc, results, "python -m studies.replicate", {"sequences": 2, "clips": 3})
     text = doc.read_text()
     assert "stale" not in text
     assert text.endswith("## Reserved evaluation seeds\n\nSeed 7 is kept.\n")
@@ -147,18 +141,18 @@ def test_replicate_keeps_the_sections_other_commands_measure(tmp_path):
 def test_replicate_tabulates_the_side_by_side_timing_when_given(tmp_path):
     replicate = _load("replicate")
     results = {"base": [_study_result(0.40, 1.0, 0.8)]}
-    speed = {"command": "python bench/update_speed.py --rounds 6", "rounds": 6, "threads": 2,
+    speed = {"command": "python -m studies.update_speed --rounds 6", "rounds": 6, "threads": 2,
              "rows": {"recipe": {"total": 10.0, "rollout": 3.0, "reward": 1.0, "train": 6.0,
                                  "ratio": 1.0},
                       "recipe_flow_grpo_fast": {"total": 9.0, "rollout": 3.5, "reward": 1.0,
                                                 "train": 4.5, "ratio": 0.9}}}
     doc = tmp_path / "replication.md"
-    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    replicate.write_doc(doc, results, "python -m studies.replicate", {"sequences": 2, "clips": 3})
     assert "side by side in one process" not in doc.read_text()
-    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3},
+    replicate.write_doc(doc, results, "python -m studies.replicate", {"sequences": 2, "clips": 3},
                         speed)
     text = doc.read_text()
-    assert "`python bench/update_speed.py --rounds 6`" in text
+    assert "`python -m studies.update_speed --rounds 6`" in text
     assert ("| default recipe without exploration in motion, Flow-GRPO-Fast (SDE window of 2 "
             "steps) | 9.00 | 3.50 | 1.00 | 4.50 | 0.90 |") in text
     assert text.index("side by side") < text.index("Does the paper's ordering hold?")
@@ -188,13 +182,13 @@ def test_replicate_reports_iteration_time_and_the_grpo_ordering(tmp_path):
     grpo = [dict(_study_result(0.45, 1.5, 0.8), seconds=replicate.iteration_seconds(run))]
     results = {"base": [_study_result(0.40, 1.0, 0.8)], "full": full, "flow_grpo_same": grpo}
     doc = tmp_path / "replication.md"
-    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    replicate.write_doc(doc, results, "python -m studies.replicate", {"sequences": 2, "clips": 3})
     text = doc.read_text()
     assert "| paper recipe, Flow-GRPO, one noise per group (DanceGRPO) | 1 | 0.450 |" in text
     assert "| 4.00 (2.00x) |" in text and "| 2.00 (1.00x) |" in text
     assert "higher two-key accuracy than DanceGRPO-style GRPO (paper recipe): **yes**" in text
     grpo[0]["eval"]["composite_2key"]["accuracy"] = 0.55
-    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    replicate.write_doc(doc, results, "python -m studies.replicate", {"sequences": 2, "clips": 3})
     text = doc.read_text()
     assert "higher two-key accuracy than DanceGRPO-style GRPO (paper recipe): **no**" in text
 
@@ -206,7 +200,7 @@ def test_replicate_times_and_orders_the_recipe_family_against_the_recipe(tmp_pat
                "recipe_flow_grpo_same": [dict(_study_result(0.41, 1.5, 0.8), seconds=10.0)],
                "full": [dict(_study_result(0.42, 1.1, 0.8), seconds=1.0)]}
     doc = tmp_path / "replication.md"
-    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    replicate.write_doc(doc, results, "python -m studies.replicate", {"sequences": 2, "clips": 3})
     text = doc.read_text()
     # the GRPO row of the recipe is timed against the recipe, not the paper's full row
     assert ("| default recipe without exploration in motion, Flow-GRPO, one noise per group "
@@ -216,7 +210,7 @@ def test_replicate_times_and_orders_the_recipe_family_against_the_recipe(tmp_pat
     assert "DanceGRPO-style GRPO" not in text
     results["recipe_no_exploration"] = [_study_result(0.45, 1.5, 0.8)]
     results["recipe_flow_grpo_same_explored"] = [_study_result(0.60, 1.5, 0.8)]
-    replicate.write_doc(doc, results, "python bench/replicate.py", {"sequences": 2, "clips": 3})
+    replicate.write_doc(doc, results, "python -m studies.replicate", {"sequences": 2, "clips": 3})
     text = doc.read_text()
     assert ("DanceGRPO-style GRPO, both without exploration in motion (default recipe): "
             "**yes**") in text

@@ -1,6 +1,6 @@
 """Kill a training run at random moments and resume it; its final weights must not change.
 
-    python bench/chaos.py [--kills 10] [--steps 30] [--seed 0] [--out DIR]
+    python -m studies.chaos [--kills 10] [--steps 30] [--seed 0] [--out DIR]
 
 Runs ``python -m wc_fast.train`` on the smoke preset (a checkpoint every iteration, so kills
 land inside checkpoint writes as well as inside iterations) once without interruption, then

@@ -1,6 +1,6 @@
 """One RL iteration: wc_fast's trainer vs the official-style baseline, same model and config.
 
-    python bench/rl_iteration.py --preset cpu --json PATH
+    python -m studies.rl_iteration --preset cpu --json PATH
 
 Both start from the same weights at the same iteration (the longest history, clip N) and run
 the same numbers of candidates, sigmas and updates; one warm-up iteration each (which also
@@ -22,15 +22,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from official_style import OfficialStyleIteration  # noqa: E402
-
-from wc_fast import config as config_lib  # noqa: E402
-from wc_fast.metrics import matmul_flops  # noqa: E402
-from wc_fast.runtime import resolve_device  # noqa: E402
-from wc_fast.train import initial_model  # noqa: E402
-from wc_fast.trainer import Trainer  # noqa: E402
+from studies.official_style import OfficialStyleIteration
+from wc_fast import config as config_lib
+from wc_fast.metrics import matmul_flops
+from wc_fast.runtime import resolve_device
+from wc_fast.train import initial_model
+from wc_fast.trainer import Trainer
 
 
 def main(argv: list[str] | None = None) -> int:

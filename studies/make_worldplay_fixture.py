@@ -4,7 +4,7 @@ tiny random configuration, run on CPU in fp32, as the golden reference of
 
 Usage::
 
-    python bench/make_worldplay_fixture.py OFFICIAL_REPO [--out tests/fixtures/worldplay_tiny]
+    python -m studies.make_worldplay_fixture OFFICIAL_REPO [--out tests/fixtures/worldplay_tiny]
 
 ``OFFICIAL_REPO`` is a checkout of https://github.com/Tencent-Hunyuan/HY-WorldPlay at commit
 ``da2d0c26eb0edb647f56e164ffd966490eb75282`` (its ``hyvideo/`` package is imported from there;
@@ -263,7 +263,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, args.out.with_suffix(".safetensors"))
     card = {"source": "https://github.com/Tencent-Hunyuan/HY-WorldPlay", "commit": COMMIT,
-            "generator": "bench/make_worldplay_fixture.py", "config": CONFIG,
+            "generator": "studies/make_worldplay_fixture.py", "config": CONFIG,
             "latent_size": list(LATENT), "context_frames": CONTEXT_FRAMES, "chunk": CHUNK,
             "context_timestep": CONTEXT_TIMESTEP, "timesteps": timesteps.tolist(),
             "pose_string": POSE_STRING}

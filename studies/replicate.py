@@ -1,6 +1,6 @@
 """The WorldCompass study on the embedded world: Table 1 and Table 2 analogs.
 
-    python bench/replicate.py [--seeds 3] [--ablation-seeds 1] [--rows recipe,recipe_sde:3,...]
+    python -m studies.replicate [--seeds 3] [--ablation-seeds 1] [--rows recipe,recipe_sde:3,...]
                               [--jobs 1] [--out runs/replicate] [--doc docs/replication.md]
 
 Each (row, seed) is one ``python -m wc_fast.train`` run of the ``cpu`` preset (in a
@@ -8,15 +8,15 @@ subprocess, as a user would run it; one at a time, or ``--jobs`` at a time on on
 each), then an evaluation of its final model on the held-out sets (``--sequences`` x
 ``--clips``, evaluation estimator), the mean camera-motion
 magnitude of the generated clips, the motion spread of its candidates
-(``bench/motion_spread.py``) and its median wall time per iteration (from its
+(``studies/motion_spread.py``) and its median wall time per iteration (from its
 ``metrics.jsonl``). The base model is evaluated the same way. A finished run's numbers are
-kept in ``--cache`` (``bench/results/study/ROW_sSEED_cfg-*_*.json``, small files meant to
+kept in ``--cache`` (``studies/results/study/ROW_sSEED_cfg-*_*.json``, small files meant to
 be committed), so an interrupted study resumes where it stopped, on this machine or another.
 A file's name carries a hash of the row's resolved training configuration and one of the
 evaluation's settings and shipped models, so changing a preset's default, an asset or the
 evaluation size starts that row afresh instead of reusing stale numbers.
 Finally ``--doc`` is rewritten with both tables, the side-by-side timing of the updates in one
-process (``--speed``, from ``bench/update_speed.py``) and, row by row, whether the paper's
+process (``--speed``, from ``studies/update_speed.py``) and, row by row, whether the paper's
 ordering holds.
 
 Two families of rows. ``recipe`` is the preset's defaults, the recipe that raises action
@@ -57,18 +57,15 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from motion_spread import measure as measure_spread  # noqa: E402
-
-from wc_fast import checkpoint  # noqa: E402
-from wc_fast.cli import parse_run_args  # noqa: E402
-from wc_fast.config import preset, to_dict  # noqa: E402
-from wc_fast.eval import KINDS, EvalSettings, evaluate  # noqa: E402
-from wc_fast.models.pretrained import load_checkpoint_model  # noqa: E402
-from wc_fast.rewards import load_estimator  # noqa: E402
-from wc_fast.rewards.motion_spread import camera_motion  # noqa: E402
-from wc_fast.rewards.weights import ASSETS  # noqa: E402
+from studies.motion_spread import measure as measure_spread
+from wc_fast import checkpoint
+from wc_fast.cli import parse_run_args
+from wc_fast.config import preset, to_dict
+from wc_fast.eval import KINDS, EvalSettings, evaluate
+from wc_fast.models.pretrained import load_checkpoint_model
+from wc_fast.rewards import load_estimator
+from wc_fast.rewards.motion_spread import camera_motion
+from wc_fast.rewards.weights import ASSETS
 
 # the paper's recipe on the cpu preset (all weights, two groups of 8 per update over 3 clips of
 # mixed commands, IF + VQ at lam 2/3, 300 iterations; the preset's defaults until it took the
@@ -315,7 +312,7 @@ def _table2(results: dict) -> list[str]:
 
 
 def _speed_table(speed: dict) -> list[str]:
-    """The rows of ``bench/update_speed.py``'s JSON, timed side by side in one process."""
+    """The rows of ``studies/update_speed.py``'s JSON, timed side by side in one process."""
     rows = speed["rows"]
     first = TITLES[next(iter(rows))]
     lines = ["## Wall time per iteration, side by side in one process", "",
@@ -453,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequences", type=int, default=64)
     parser.add_argument("--clips", type=int, default=6)
     parser.add_argument("--out", default="runs/replicate", help="training runs (checkpoints)")
-    parser.add_argument("--cache", default="bench/results/study",
+    parser.add_argument("--cache", default="studies/results/study",
                         help="each finished (row, seed)'s numbers, small JSON files to commit")
     parser.add_argument("--jobs", type=int, default=1,
                         help="training runs at a time, one torch thread each when above 1 (on "
@@ -461,8 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                              "per hour on 2 cores as one run on both); their times are kept as "
                              "seconds_parallel")
     parser.add_argument("--doc", default="docs/replication.md")
-    parser.add_argument("--speed", default="bench/results/update_speed.json",
-                        help="bench/update_speed.py's JSON, tabulated in --doc when present")
+    parser.add_argument("--speed", default="studies/results/update_speed.json",
+                        help="studies/update_speed.py's JSON, tabulated in --doc when present")
     args = parser.parse_args(argv)
     rows = {}
     for entry in filter(None, args.rows.split(",")):
@@ -502,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         results[row].append(cached(cache / f"{name}_{tag}.json",
                                    lambda row=row, seed=seed, name=name:
                                    train_and_score(row, seed, name)))
-    command = "python bench/replicate.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m studies.replicate " + " ".join(argv if argv is not None else sys.argv[1:])
     speed = Path(args.speed)
     write_doc(Path(args.doc), results, command.strip(),
               {"sequences": args.sequences, "clips": args.clips},
