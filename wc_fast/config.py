@@ -249,7 +249,7 @@ class NFTConfig:
     ``torch.compile`` (fuses the per-element work around the matmuls, forward and backward).
     It makes the train phase about 1.3x faster on CPU after minutes of compiling in the first
     iterations (the history length changes with the clip index, so there is one recompile);
-    the compiled graphs are cached on disk for the next run. Timings in bench/RESULTS.md.
+    the compiled graphs are cached on disk for the next run. Timings in docs/experiment_log.md.
 
     ``latent_pairing`` (models with motion latents): ``"fresh"`` (default) gives the model the
     latents of each noisy clip's fresh training noise, as the forward process draws them, so
@@ -315,7 +315,7 @@ class OptimConfig:
     and motion embeddings and every adaLN modulation). A small update batch's gradient is mostly
     the candidates' appearance, which says nothing about the reward; frozen weights cannot soak
     it up, so the update changes what each command does and little else (measured in
-    bench/RESULTS.md).
+    docs/experiment_log.md).
     """
 
     optimizer: Optimizer = "muon"

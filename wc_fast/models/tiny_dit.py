@@ -115,7 +115,7 @@ class TanhGELU(nn.Module):
 
     Eagerly this is ``F.gelu(approximate="tanh")``. Under ``torch.compile`` it is written in the
     sigmoid form, the same function, which the compiler turns into a faster forward and
-    backward than its tanh form on CPU (bench/RESULTS.md).
+    backward than its tanh form on CPU (docs/experiment_log.md).
     """
 
     def forward(self, x: Tensor) -> Tensor:
@@ -129,7 +129,7 @@ class Linear(nn.Linear):
 
     The compiler then fuses the add into the element-wise kernel that follows (norm, GELU,
     gated residual). As one ``addmm``, the CPU kernel first copies the broadcast bias into the
-    output: one more pass over every activation (bench/RESULTS.md).
+    output: one more pass over every activation (docs/experiment_log.md).
     """
 
     def forward(self, x: Tensor) -> Tensor:
