@@ -5,8 +5,9 @@ Usage: ``python -m studies.summarize FILE...`` (``.json``: benchmark results,
 Benchmarks are listed by group with their median time per round and the ``extra_info``
 figures; test reports as pass/fail/skip counts plus the failing tests' names; an RL iteration
 as both sides' times, the speedup and the train phase's share of the matmul rate; a Wan
-iteration as each variant's phase times, peak memory and MFU. Missing or unreadable files are
-reported, not fatal: the GPU check prints whatever finished.
+iteration as each variant's phase times, peak memory and MFU. Then the speed targets
+(``studies/gpu_targets.py``), one row each: measured value, threshold, PASS / FAIL / MISSING.
+Missing or unreadable files are reported, not fatal: the GPU check prints whatever finished.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import json
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from studies.gpu_targets import Results, target_rows
 
 EXTRA_KEYS = ("us_per_call", "gb_per_s", "pct_of_copy")
 
@@ -66,11 +69,15 @@ def _flops(rate: float) -> str:
     return f"{rate / 1e12:.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:.1f} GFLOP/s"
 
 
-def junit_summary(path: Path) -> list[str]:
-    root = ET.parse(path).getroot()
+def junit_counts(root: ET.Element) -> dict[str, int]:
+    """A JUnit report's ``tests``, ``failures``, ``errors`` and ``skipped`` summed over suites."""
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    counts = {k: sum(int(s.get(k, 0)) for s in suites)
-              for k in ("tests", "failures", "errors", "skipped")}
+    return {k: sum(int(s.get(k, 0)) for s in suites)
+            for k in ("tests", "failures", "errors", "skipped")}
+
+
+def junit_summary(path: Path, root: ET.Element) -> list[str]:
+    counts = junit_counts(root)
     lines = [f"{path.name}: {counts['tests']} tests, {counts['failures']} failed, "
              f"{counts['errors']} errors, {counts['skipped']} skipped"]
     for case in root.iter("testcase"):
@@ -79,8 +86,19 @@ def junit_summary(path: Path) -> list[str]:
     return lines
 
 
-def format_rows(rows: list[tuple[str, ...]]) -> str:
-    header = ("group", "benchmark", "median ms/round", "extra")
+def gpu_test_counts(root: ET.Element) -> dict[str, int]:
+    """The counts ``gpu_targets.Results.gpu_tests`` holds: tests, failed, skipped, passed."""
+    counts = junit_counts(root)
+    failed = counts["failures"] + counts["errors"]
+    return {"tests": counts["tests"], "failed": failed, "skipped": counts["skipped"],
+            "passed": counts["tests"] - failed - counts["skipped"]}
+
+
+BENCHMARK_HEADER = ("group", "benchmark", "median ms/round", "extra")
+TARGET_HEADER = ("target", "measured", "threshold", "result")
+
+
+def format_rows(rows: list[tuple[str, ...]], header: tuple[str, ...] = BENCHMARK_HEADER) -> str:
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
              for r in (header, *rows)]
@@ -90,6 +108,7 @@ def format_rows(rows: list[tuple[str, ...]]) -> str:
 
 def main(paths: list[str]) -> int:
     rows: list[tuple[str, ...]] = []
+    results = Results()
     for name in paths:
         path = Path(name)
         if not path.is_file():
@@ -98,9 +117,12 @@ def main(paths: list[str]) -> int:
             print(f"{name}: empty (no benchmark finished)")
         elif path.suffix == ".xml":
             try:
-                print("\n".join(junit_summary(path)))
+                root = ET.parse(path).getroot()
             except ET.ParseError as exc:
                 print(f"{name}: unreadable ({exc})")
+                continue
+            print("\n".join(junit_summary(path, root)))
+            results.gpu_tests = gpu_test_counts(root)
         else:
             try:
                 data = json.loads(path.read_text())
@@ -109,14 +131,18 @@ def main(paths: list[str]) -> int:
                 continue
             if "speedup" in data:
                 print("\n".join(rl_iteration_summary(path, data)))
+                results.rl_iteration = data
             elif "variants" in data:
                 print("\n".join(wan_iteration_summary(path, data)))
+                results.wan_iteration = data
             else:
                 rows += benchmark_rows(data)
+                results.benchmarks.update((b["name"], b) for b in data.get("benchmarks", []))
     if rows:
         print(format_rows(rows))
+    print("\ntargets")
+    print(format_rows(target_rows(results), TARGET_HEADER))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

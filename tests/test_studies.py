@@ -3,10 +3,14 @@
 
 import importlib
 import json
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str = "rl_iteration"):
@@ -412,3 +416,139 @@ def test_update_speed_times_each_row_against_the_first(tmp_path, monkeypatch):
     assert grpo["ratio"] == pytest.approx(grpo["total"] / result["rows"]["nft"]["total"])
     with pytest.raises(SystemExit):
         speed.main(["--rows", "nft,missing"])
+
+
+def _benchmark(name: str, group: str, median_s: float, **extra) -> dict:
+    """One benchmark as pytest-benchmark's JSON holds it (the fields the summary reads)."""
+    return {"group": group, "name": name, "params": None, "stats": {"median": median_s},
+            "extra_info": extra}
+
+
+def _target_results(out: str) -> dict[str, tuple[str, str]]:
+    """target -> (measured, result) from ``studies.summarize``'s targets table."""
+    lines = out.split("\ntargets\n", 1)[1].splitlines()[2:]
+    cells = [re.split(r"\s{2,}", line) for line in lines]
+    return {c[0]: (c[1], c[3]) for c in cells}
+
+
+def test_summary_checks_each_target_pass_fail_or_missing(tmp_path, capsys):
+    kernels = tmp_path / "bench_kernels.json"
+    nft, flow = "nft_loss+grad fp32 4x4194304 velocity", "flow_noise bf16 S=6 K=20 D=131072"
+    kernels.write_text(json.dumps({"benchmarks": [
+        _benchmark("test_nft_loss_and_grad[fp32-velocity-triton]", nft, 1e-3, pct_of_copy=80.0),
+        _benchmark("test_nft_loss_and_grad[fp32-velocity-compile]", nft, 2e-3, pct_of_copy=40.0),
+        _benchmark("test_flow_noise[bf16-triton]", flow, 1e-3, pct_of_copy=50.0),
+        _benchmark("test_flow_noise[bf16-compile]", flow, 1.2e-3, pct_of_copy=41.7)]}))
+    attention = tmp_path / "bench_attention.json"
+    d32 = "prefix_attention fwd+bwd bf16 G16-D32 B=16 H=6 L=256 P=1856 D=32"
+    d128 = "prefix_attention fwd+bwd bf16 G16-D128 B=16 H=8 L=512 P=1856 D=128"  # not the shape
+    attention.write_text(json.dumps({"benchmarks": [
+        _benchmark("test_prefix_attention[G16-D32-fwd+bwd-triton]", d32, 1e-3, peak_mib=10.0),
+        _benchmark("test_prefix_attention[G16-D32-fwd+bwd-sdpa_replicated]", d32, 2e-3,
+                   peak_mib=40.0),
+        _benchmark("test_prefix_attention[G16-D128-fwd+bwd-triton]", d128, 1e-3, peak_mib=1.0),
+        _benchmark("test_prefix_attention[G16-D128-fwd+bwd-sdpa_replicated]", d128, 9e-3,
+                   peak_mib=90.0)]}))
+    rl = tmp_path / "rl_iteration.json"
+    rl.write_text(json.dumps({
+        "preset": "paper", "device": "cuda:0", "ours_s": 1.0, "official_style_s": 6.0,
+        "speedup": 6.0, "ours_phases_s": {"train": 1.0}, "official_style_phases_s": {"train": 6.0},
+        "train_flops_per_s": 1e14, "matmul_flops_per_s": 5e14, "flop_fraction": 0.2,
+        "compute_dtype": "bfloat16", "mfu": 0.2}))
+    wan = tmp_path / "wan_iteration.json"
+
+    def variant(name: str, mfu: float, peak_mib: float | None) -> dict:
+        return {"variant": name, "phases_s": {"rollout": 1.0, "reward": 0.5, "train": 2.0},
+                "total_s": 3.5, "peak_mib": peak_mib, "train_flops_per_s": mfu * 8e14,
+                "mfu_measured": mfu, "mfu_spec": None}
+
+    wan.write_text(json.dumps({
+        "shape": "wan2.1-1.3b", "device_name": "NVIDIA H200", "resolution": 256,
+        "clip_frames": 4, "group_size": 12, "steps": 10, "matmul_dtype": "bfloat16",
+        "matmul_flops_per_s": 8e14, "variants": [
+            variant("full", 0.45, 2048.0), variant("checkpointing", 0.30, 1024.0),
+            variant("lora", 0.50, None)]}))
+    tests_xml = tmp_path / "gpu_tests.xml"
+    tests_xml.write_text(
+        '<testsuites><testsuite tests="3" failures="0" errors="0" skipped="1">'
+        '<testcase classname="tests.test_a" name="test_x"/>'
+        '<testcase classname="tests.test_a" name="test_y"/>'
+        '<testcase classname="tests.test_a" name="test_z"><skipped/></testcase>'
+        '</testsuite></testsuites>')
+    files = [kernels, attention, tests_xml, rl, wan, tmp_path / "bench_model.json"]
+    assert _load("summarize").main([str(f) for f in files]) == 0
+    rows = _target_results(capsys.readouterr().out)
+    assert len(rows) == len(_load("gpu_targets").TARGETS)
+    pct, vs_compile = ": % of a device copy's bandwidth", ": speed vs torch.compile"
+    attn = "prefix_attention fwd+bwd D={} (G=16, L=256, P=1856): {} vs replicated SDPA"
+    wan_mfu = "Wan-1.3B-shaped iteration, {}: MFU of a measured bf16 matmul"
+    assert rows["nft_loss+grad fp32 velocity" + pct] == ("80.0%", "PASS")
+    assert rows["nft_loss+grad fp32 velocity" + vs_compile][1] == "PASS"
+    assert rows["nft_loss+grad fp32 velocity" + vs_compile][0].startswith("2.00x")
+    assert rows["flow_noise bf16" + pct] == ("50.0%", "FAIL")
+    assert rows["flow_noise bf16" + vs_compile][0].startswith("1.20x")
+    assert rows["flow_noise bf16" + vs_compile][1] == "FAIL"
+    assert rows["nft_loss+grad bf16 x0" + pct][1] == (
+        "MISSING: no benchmark test_nft_loss_and_grad[bf16-x0-triton]")
+    assert rows["grpo_sde_loss+grad fp32" + pct][1].startswith("MISSING")
+    assert rows[attn.format(32, "speed")][1] == "PASS"
+    assert rows[attn.format(32, "memory")][0].startswith("4.00x")
+    assert rows[attn.format(32, "memory")][1] == "FAIL"
+    assert rows[attn.format(128, "speed")][1].startswith("MISSING: ")
+    assert "L=512" in rows[attn.format(128, "speed")][1]
+    assert rows[attn.format(64, "memory")][1].startswith("MISSING: no benchmark")
+    assert rows["model forward G=16: shared prefix vs replicated"][1] == (
+        "MISSING: no benchmark test_shared")
+    assert rows["RL iteration vs the official-style baseline"] == ("6.00x", "PASS")
+    assert rows[wan_mfu.format("full")] == ("45.0% (3.50 s/iter, 2048.0 MiB)", "PASS")
+    assert rows[wan_mfu.format("checkpointing")][1] == "FAIL"
+    assert rows[wan_mfu.format("lora")][1] == "MISSING: wan_iteration lora records no peak_mib"
+    assert rows[wan_mfu.format("lora+checkpointing")][1] == (
+        "MISSING: wan_iteration has no variant lora+checkpointing")
+    assert rows["every GPU test passes"] == ("0 failed (2 passed, 1 skipped)", "PASS")
+
+
+def test_targets_count_only_gpu_runs_and_fail_on_a_failed_test():
+    targets = _load("gpu_targets")
+    tests = next(t for t in targets.TARGETS if t.name == "every GPU test passes")
+    rl = next(t for t in targets.TARGETS if t.figure.source == "rl_iteration")
+    wan = next(t for t in targets.TARGETS if t.figure.source == "wan_iteration")
+    dry_run = targets.Results(
+        rl_iteration={"device": "cpu", "speedup": 9.0},
+        wan_iteration={"shape": "tiny", "variants": []},
+        gpu_tests={"tests": 4, "failed": 0, "skipped": 4, "passed": 0})
+    assert tests.check(dry_run)[3] == "MISSING: no GPU test ran (4 skipped)"
+    assert rl.check(dry_run)[3] == "MISSING: rl_iteration ran on cpu, not a GPU"
+    assert wan.check(dry_run)[3] == "MISSING: wan_iteration ran shape tiny, not wan2.1-1.3b"
+    failed = targets.Results(gpu_tests={"tests": 4, "failed": 1, "skipped": 0, "passed": 3})
+    assert tests.check(failed)[1:] == ("1 failed (3 passed, 0 skipped)", "<= 0", "FAIL")
+    with pytest.raises(ValueError, match="source"):
+        targets.Figure("benchmarks", "median")
+    with pytest.raises(ValueError, match="unit"):
+        targets.Target("t", targets.Figure("benchmark", "median"), 1.0, unit="ms")
+    # the Wan targets name every variant studies/wan_iteration.py measures
+    assert targets.WAN_VARIANTS == tuple(_load("wan_iteration").VARIANTS)
+
+
+def test_targets_read_the_committed_h200_results(capsys):
+    """Every target whose benchmarks are in the H200 run's files reads them (the names and
+    keys are the benchmarks' real ones), with the ratio the files' medians give."""
+    targets = _load("gpu_targets")
+    runs = ROOT / "bench" / "results"
+    files = sorted(runs.glob("2026-11-30-h200/bench_*.json"))
+    assert _load("summarize").main([str(f) for f in files]) == 0
+    rows = _target_results(capsys.readouterr().out)
+    benchmarks = {b["name"]: b for f in files for b in json.loads(f.read_text())["benchmarks"]}
+    read = set()
+    for target in targets.TARGETS:
+        figures = [target.figure] + ([target.baseline] if target.baseline else [])
+        if target.figure.source != "benchmark" or any(f.item not in benchmarks for f in figures):
+            continue
+        measured, result = rows[target.name]
+        assert result in ("PASS", "FAIL"), (target.name, result)
+        if target.baseline is not None and target.figure.key == "median":
+            ratio = (benchmarks[target.baseline.item]["stats"]["median"]
+                     / benchmarks[target.figure.item]["stats"]["median"])
+            assert measured.startswith(f"{ratio:.2f}x"), (target.name, measured)
+        read.add(target.name.split()[0])
+    assert read == {"nft_loss+grad", "flow_noise", "prefix_attention", "model"}
