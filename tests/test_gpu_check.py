@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from studies.gpu_targets import TARGETS
+
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FILES, MAX_BYTES = 8, 16 * 2**20
 
@@ -93,3 +95,7 @@ def test_dry_run_passes_and_respects_the_output_limits(tmp_path):
                                                    if v != "skipped"}
     summary = (out / "summary.txt").read_text()
     assert f"gpu_tests.xml: {len(expected)} tests, 0 failed, 0 errors" in summary, summary
+    # the targets table: one row per target, and a CPU run measures none of them
+    rows = summary.split("\ntargets\n", 1)[1].splitlines()[2:]
+    assert len(rows) == len(TARGETS), summary
+    assert all(re.split(r"\s{2,}", row)[3].startswith("MISSING: ") for row in rows), summary
