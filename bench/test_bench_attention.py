@@ -38,6 +38,7 @@ REPEAT = 5
 ROUNDS = 10
 SHAPES = {  # name: (B, H, L, Lk, P, D); L = Lk = one clip's tokens, P = the history's
     "G16-D32": (16, 6, 256, 256, 1856, 32),
+    "G16-D64": (16, 8, 256, 256, 1856, 64),
     "G16-D128": (16, 8, 256, 256, 1856, 128),
 }
 CONTENDERS = ("triton", "sdpa_replicated", "reference", "flex", "flash_attn", "xformers")
