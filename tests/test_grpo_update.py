@@ -12,12 +12,12 @@ from test_train import SMOKE, _assert_same, _final_weights
 from test_trainer_options import _config, _ranked_scores, _record
 
 from wc_fast import checkpoint
-from wc_fast import trainer as trainer_module
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.motion_latent import noise_latents
 from wc_fast.sampler import sde_step_std, sigma_schedule
 from wc_fast.train import main
 from wc_fast.trainer import Trainer
+from wc_fast.updates import grpo as grpo_module
 from wc_kernels import reference, sde_log_prob
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -43,7 +43,7 @@ def _trainer(monkeypatch, **overrides: str) -> Trainer:
 def loss_calls(monkeypatch) -> list[dict]:
     """Every ``grpo_sde_loss`` call of the trainer: its arguments and the per-row log-prob."""
     calls = []
-    real = trainer_module.grpo_sde_loss
+    real = grpo_module.grpo_sde_loss
 
     def spy(model_output, sample, prev_sample, sigma, sigma_next, old_log_prob, advantage,
             **kw):
@@ -54,7 +54,7 @@ def loss_calls(monkeypatch) -> list[dict]:
                       "log_prob": log_prob, "kl": kl, **kw})
         return loss
 
-    monkeypatch.setattr(trainer_module, "grpo_sde_loss", spy)
+    monkeypatch.setattr(grpo_module, "grpo_sde_loss", spy)
     return calls
 
 
@@ -126,13 +126,13 @@ def test_first_update_has_ratio_one(monkeypatch, loss_calls):
     recorded one, given the candidate's own motion latents and the recomputed history cache."""
     trainer = _trainer(monkeypatch)
     velocity = []
-    real = trainer._velocity["model"]
+    real = trainer.velocities["model"]
 
     def spy(*args, **kw):
         velocity.append(kw["motion"])
         return real(*args, **kw)
 
-    monkeypatch.setitem(trainer._velocity, "model", spy)
+    monkeypatch.setitem(trainer.velocities, "model", spy)
     rollouts = _record(monkeypatch, trainer, "rollout")
     trainer.iteration(1)  # clip 2: the current model builds its own history cache
     ((_, (group,)),) = rollouts

@@ -6,10 +6,11 @@ import torch
 from wc_fast.config import preset
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.motion_latent import noise_latents
-from wc_fast.trainer import Trainer, TrainingItems
+from wc_fast.trainer import Trainer
+from wc_fast.updates import NFTItems
 
 
-def _items(pairing: str) -> tuple[TrainingItems, torch.Tensor, torch.Tensor]:
+def _items(pairing: str) -> tuple[NFTItems, torch.Tensor, torch.Tensor]:
     cfg = preset("smoke")
     cfg.model.motion_latent = True
     cfg.nft.latent_pairing = pairing
@@ -17,11 +18,12 @@ def _items(pairing: str) -> tuple[TrainingItems, torch.Tensor, torch.Tensor]:
     trainer = Trainer(cfg, TinyWorldDiT(cfg.model), torch.device("cpu"))
     (group, *_) = trainer.rollout(0, 1)
     chosen = torch.tensor([4, 0, 2])
-    item = trainer._items(0, 0, group, torch.rand(group.candidates.shape[0]), chosen, 2)
+    r = torch.rand(group.candidates.shape[0])
+    item = trainer.rule.noised(trainer.device, 0, 0, group, r, chosen, 2)
     return item, group.latents[chosen].repeat_interleave(2, dim=0), chosen
 
 
-def _noise(item: TrainingItems) -> torch.Tensor:
+def _noise(item: NFTItems) -> torch.Tensor:
     """The training noise behind ``x_t``: ``(x_t - (1 - s) x0) / s`` is ``v* + x0``, so
     ``eps = v* + x0`` with ``x0 = x_t - s v*``."""
     s = item.sigma.view(-1, *[1] * (item.x_t.dim() - 1))

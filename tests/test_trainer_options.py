@@ -16,6 +16,7 @@ from wc_fast.optim import GroupedMuon
 from wc_fast.rewards import interaction_score
 from wc_fast.train import main
 from wc_fast.trainer import Trainer
+from wc_fast.updates import nft as nft_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -52,13 +53,13 @@ def _trainer(monkeypatch, *, reward_models: bool = False, **overrides: str) -> T
 def loss_calls(monkeypatch) -> list[dict]:
     """Every ``nft_loss`` call of the trainer: its tensors and keyword arguments."""
     calls = []
-    real = trainer_module.nft_loss
+    real = nft_module.nft_loss
 
     def spy(v_theta, v_old, v_target, r, **kw):
         calls.append({"v_theta": v_theta, "v_old": v_old, "r": r, **kw})
         return real(v_theta, v_old, v_target, r, **kw)
 
-    monkeypatch.setattr(trainer_module, "nft_loss", spy)
+    monkeypatch.setattr(nft_module, "nft_loss", spy)
     return calls
 
 
@@ -96,11 +97,11 @@ def test_configured_beta_and_loss_space_reach_nft_loss(monkeypatch, loss_calls, 
 def test_timestep_fraction_sets_the_distinct_sigmas_per_candidate(monkeypatch, loss_calls,
                                                                   fraction, k):
     trainer = _trainer(monkeypatch, nft__timestep_fraction=fraction)
-    assert len(trainer.sigmas) == SMOKE_SIGMAS == 4
+    assert len(trainer.rule.sigmas) == SMOKE_SIGMAS == 4
     trainer.iteration(0)
     sigma = torch.cat([c["sigma"] for c in loss_calls])
     assert sigma.numel() == 2 * KEEP * k  # kept candidates x sigmas each
-    schedule = set(trainer.sigmas.tolist())
+    schedule = set(trainer.rule.sigmas.tolist())
     for row in sigma.reshape(2 * KEEP, k).tolist():
         assert len(set(row)) == k and set(row) <= schedule
 
@@ -142,7 +143,7 @@ def _record(monkeypatch, owner, name: str) -> list[tuple]:
 @pytest.mark.parametrize("mode", ["old_model", "detached_current"])
 def test_old_prediction_source(monkeypatch, loss_calls, mode):
     trainer = _trainer(monkeypatch, nft__old_prediction=mode)
-    old_calls = _record(monkeypatch, trainer._velocity, "old")
+    old_calls = _record(monkeypatch, trainer.velocities, "old")
     trainer.iteration(0)
     assert loss_calls
     if mode == "detached_current":
@@ -171,7 +172,7 @@ def test_rollout_mode_sets_whose_history_candidates_share(monkeypatch, mode):
 
 def test_sample_level_training_predicts_over_each_candidates_own_history(monkeypatch):
     trainer = _trainer(monkeypatch, rollout__mode="sample", nft__context_kv="reuse")
-    velocity = _record(monkeypatch, trainer._velocity, "model")
+    velocity = _record(monkeypatch, trainer.velocities, "model")
     rollouts = _record(monkeypatch, trainer, "rollout")
     trainer.iteration(1)
     ((_, (group,)),) = rollouts
@@ -203,7 +204,7 @@ def test_exploration_mode_reaches_the_sampler(monkeypatch, exploration):
 def test_context_kv_reuses_or_recomputes_the_history_cache(monkeypatch, mode, builds):
     trainer = _trainer(monkeypatch, nft__context_kv=mode)
     build_calls = _record(monkeypatch, trainer.model, "build_cache_parallel")
-    velocity = _record(monkeypatch, trainer._velocity, "model")
+    velocity = _record(monkeypatch, trainer.velocities, "model")
     rollouts = _record(monkeypatch, trainer, "rollout")
     trainer.iteration(1)
     built = [cache for _, cache in build_calls]

@@ -9,10 +9,11 @@ EMA of the old model. Groups are split across ranks by a global group index, so 
 draw (prompts, rollout noise, sigma picks, flow noise) depends only on
 ``(seed, iteration, global group)`` and any rank layout computes the same update.
 
-With ``train.update flow_grpo`` the candidates are sampled with Flow-GRPO's SDE and their
-stochastic steps recorded; every candidate of a group is trained at some of its recorded steps
-with the PPO-clipped ``grpo_sde_loss`` on its group advantage, over the same shared history and
-micro-batches (docs/design.md section 4.1).
+The update rule (which candidates a group keeps, the rows they become, their micro-batch loss,
+the old model's EMA) is one :class:`wc_fast.updates.Update` chosen from ``train.update``: NFT
+as above, or Flow-GRPO (``flow_grpo``: SDE rollouts with recorded steps and the PPO-clipped
+``grpo_sde_loss``, docs/design.md section 4.1); the trainer runs either over the same shared
+history and micro-batches without asking which (section 4.4).
 
 World-R1's options (docs/design.md section 4.2): periodic decoupled iterations
 (``reward.decouple_every``) train on VQ alone over high-motion prompts, and
@@ -41,17 +42,14 @@ from wc_fast import checkpoint
 from wc_fast.actions import is_composite, num_primitives, split_action
 from wc_fast.config import Config, RewardConfig
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
-from wc_fast.ema import ema_decay, ema_update
+from wc_fast.ema import ema_update
 from wc_fast.models import ContextCache, FrameCodec, PixelFrames, WorldModel
-from wc_fast.models.motion_latent import noise_latents, with_latents
 from wc_fast.models.protocol import check_world_model
-from wc_fast.nft import optimality, select_extremes
+from wc_fast.nft import optimality
 from wc_fast.optim import build_optimizers, freeze_untrained
 from wc_fast.rewards import (
     action_accuracy,
     interaction_score,
-    load_critic,
-    load_estimator,
     trajectory_score,
     vq_scores,
 )
@@ -62,20 +60,14 @@ from wc_fast.rewards.motion_spread import (
     motion_spread,
     soft_interaction_score,
 )
+from wc_fast.rewards.scorers import RewardModels, build_reward_models
 from wc_fast.rewards.scoring import camera_poses
-from wc_fast.rollout import (
-    NO_EXPLORATION,
-    GroupRollout,
-    MotionExploration,
-    rollout_clip_level,
-    rollout_sample_level,
-)
+from wc_fast.rollout import GroupRollout, MotionExploration
 from wc_fast.runtime import compile_unavailable, generator, stream_seed
-from wc_fast.sampler import ClipSampler, sigma_schedule
+from wc_fast.sampler import ClipSampler
+from wc_fast.updates import CPU_MICRO_BATCH, Items, Update, build_update
 from wc_fast.world import sample_sequences
-from wc_kernels import flow_noise, grpo_sde_loss, nft_loss, sde_log_prob
 
-CPU_MICRO_BATCH = 32
 # redraws of a decoupled iteration's prompt before giving up (with the validated filter a
 # draw is rejected only for a rare forced no-op, wc_fast.world.trajectory)
 HIGH_MOTION_DRAWS = 100
@@ -155,42 +147,6 @@ def high_motion_prompt(cfg: Config, step: int, group: int, device: torch.device
                        f"{HIGH_MOTION_DRAWS} draws (iteration {step}, group {group})")
 
 
-@dataclass(slots=True)
-class TrainingItems:
-    """One group's kept candidates, noised at several sigmas each: what an update trains on.
-
-    ``N`` = kept candidates x sigmas per candidate; row ``i`` is candidate ``candidate[i]``
-    (an index into the group) at ``sigma[i]``.
-    """
-
-    group: GroupRollout
-    x_t: Tensor  # [N, F, C, H, W] noisy clips
-    v_target: Tensor  # [N, F, C, H, W] eps - x0
-    sigma: Tensor  # [N]
-    r: Tensor  # [N] optimality of the row's candidate
-    candidate: list[int]  # [N] which candidate of the group each row noises
-    motion: Tensor | None  # [N, 3] motion latents the model is given (motion-latent models)
-
-
-@dataclass(slots=True)
-class GRPOItems:
-    """One group's candidates at some of their recorded SDE steps: what a GRPO update trains on.
-
-    Row ``i`` is candidate ``candidate[i]`` (an index into the group) at one stochastic step
-    of its rollout, which moved it from ``sample[i]`` to ``prev_sample[i]``.
-    """
-
-    group: GroupRollout
-    sample: Tensor  # [N, F, C, H, W] the latent before the step
-    prev_sample: Tensor  # [N, F, C, H, W] the latent after it
-    sigma: Tensor  # [N]
-    sigma_next: Tensor  # [N]
-    old_log_prob: Tensor  # [N] the old model's log-probability of the step, from the rollout
-    advantage: Tensor  # [N] the row's candidate's group advantage
-    candidate: list[int]  # [N]
-    motion: Tensor | None  # [N, 3] the candidate's own motion latents (motion-latent models)
-
-
 class RewardNaNError(ValueError):
     """A reward model returned NaN or inf."""
 
@@ -200,31 +156,36 @@ class NumericalFaultError(RuntimeError):
 
 
 class Trainer:
-    """Holds the current and old models, optimizers, sampler and reward models of a run.
+    """Holds the current and old models, optimizers, sampler, update rule and reward models of
+    a run.
 
-    ``codec``: the map between the model's frames and pixel frames (the Wan VAE for a latent
-    model; the identity, by default, for a pixel model): world prompts are encoded once per
-    group, the rewards read decoded frames.
+    ``rewards``: the IF estimator and VQ critic (built from the config by
+    :func:`~wc_fast.rewards.scorers.build_reward_models` unless given); ``rule``: the update
+    rule (:func:`~wc_fast.updates.build_update` of the config unless given). ``codec``: the
+    map between the model's frames and pixel frames (the Wan VAE for a latent model; the
+    identity, by default, for a pixel model): world prompts are encoded once per group, the
+    rewards read decoded frames.
     """
 
     def __init__(self, cfg: Config, model: WorldModel, device: torch.device, *,
                  rank: int = 0, world_size: int = 1,
                  process_group: dist.ProcessGroup | None = None,
-                 codec: FrameCodec | None = None) -> None:
+                 codec: FrameCodec | None = None, rewards: RewardModels | None = None,
+                 rule: Update | None = None) -> None:
         check_world_model(model)
         self._check_exploration(cfg, model)
         self.cfg = cfg
+        # the update rule (train.update unless one is given); the trainer never asks which
+        self.rule = build_update(cfg) if rule is None else rule
         # prompts are encoded into the model's frames, rewards read decoded pixel frames
         self.codec = PixelFrames() if codec is None else codec
         self.device = device
         self.rank, self.world_size, self.process_group = rank, world_size, process_group
         self.sharded = cfg.train.distributed == "fsdp2" and world_size > 1
-        self.grpo = cfg.train.update == "flow_grpo"
         self.model = model.to(device).train()
         self.old = copy.deepcopy(self.model).eval().requires_grad_(False)
-        # GRPO's KL reference: the initial model, frozen (a resumed run rebuilds it from the init)
-        self.ref = (copy.deepcopy(self.model).eval().requires_grad_(False)
-                    if self.grpo and cfg.grpo.kl_beta > 0 else None)
+        # a frozen copy of the initial model the rule's loss compares against, if any
+        self.ref = self.rule.reference(self.model)
         freeze_untrained(self.model, cfg.optim.trainable)
         # the state-dict names of the weights this run trains (set before sharding, which
         # keeps the names)
@@ -244,19 +205,19 @@ class Trainer:
         self.sampler = ClipSampler(self.old, steps=ro.steps, shift=ro.shift, capture=capture,
                                    exploration=ro.exploration, sde_noise=ro.sde_noise,
                                    noise_warp=ro.noise_warp)
-        self.sigmas = sigma_schedule(ro.steps, ro.shift)[:-1]
         self.explore = MotionExploration(action=ro.action_exploration, warp=ro.warp_exploration)
-        self._velocity = {"model": self.model.velocity, "old": self.old.velocity}
+        # the velocity of each model by role, compiled with nft.compile
+        self.velocities = {"model": self.model.velocity, "old": self.old.velocity}
         if self.ref is not None:
-            self._velocity["ref"] = self.ref.velocity
+            self.velocities["ref"] = self.ref.velocity
         why_not = compile_unavailable(device) if cfg.nft.compile else None
         if why_not:
             warnings.warn(f"nft.compile: {why_not}; the train phase runs eagerly", stacklevel=2)
         self.compiled = cfg.nft.compile and why_not is None
         if self.compiled:
-            self._velocity = {k: torch.compile(fn) for k, fn in self._velocity.items()}
-        self.estimator = load_estimator("reward", device=device)
-        self.critic = load_critic(cfg.reward.critic, device=device)
+            self.velocities = {k: torch.compile(fn) for k, fn in self.velocities.items()}
+        rewards = build_reward_models(cfg, device) if rewards is None else rewards
+        self.estimator, self.critic = rewards.estimator, rewards.critic
         # the reward estimator's own error on ground-truth renders: the unit of motion_spread
         self.estimator_error = estimator_motion_error(
             self.estimator, clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
@@ -286,11 +247,7 @@ class Trainer:
     def rollout(self, step: int, clip_index: int) -> list[GroupRollout]:
         """Each of this rank's groups rolled out for clip ``clip_index``, from high-motion
         prompts in a decoupled iteration."""
-        ro = self.cfg.rollout
-        run = rollout_sample_level if ro.mode == "sample" else rollout_clip_level
-        if self.grpo:  # validation keeps GRPO to clip-level rollouts
-            run = functools.partial(rollout_clip_level, grpo=self.cfg.grpo)
-        run = functools.partial(run, explore=self.explore)
+        run = functools.partial(self.rule.rollout_fn(), explore=self.explore)
         prompt_of = high_motion_prompt if decoupled(self.cfg.reward, step) else group_prompt
         groups = []
         for g in self.group_ids():
@@ -354,12 +311,12 @@ class Trainer:
 
     def update(self, step: int, groups: list[GroupRollout], r: Tensor, adv: Tensor
                ) -> tuple[float, int, float, int]:
-        """NFT updates of the current model on the kept candidates, or GRPO updates on every
-        candidate; returns (mean loss of the updates made, ``None`` when every one was skipped;
-        skipped groups; FLOPs; updates skipped for a NaN or inf loss or gradient or by
-        :meth:`_guarded_step`)."""
+        """``optim.updates_per_iteration`` updates of the current model by the rule on the
+        candidates it keeps; returns (mean loss of the updates made, ``None`` when every one
+        was skipped; skipped groups; FLOPs; updates skipped for a NaN or inf loss or gradient
+        or by :meth:`_guarded_step`)."""
         c = self.cfg
-        kept = self._kept(step, adv)
+        kept = self.rule.kept(self, step, adv)
         flat = (adv == 0).all(dim=1)
         # kept positions in a random order before they are split into updates, so each update
         # sees positives and negatives (in kept order the first saw only the best)
@@ -367,7 +324,7 @@ class Trainer:
         chunks = order.tensor_split(c.optim.updates_per_iteration)
         losses, flops, bad = [], 0.0, 0
         for chunk in chunks:
-            batches = [self._group_items(step, gid, group, r[b], adv[b], kept[b, chunk])
+            batches = [self.rule.items(self, step, gid, group, r[b], adv[b], kept[b, chunk])
                        for b, (gid, group) in enumerate(zip(self.group_ids(), groups,
                                                             strict=True)) if not flat[b]]
             total = self._global_sum(float(sum(len(item.candidate) for item in batches)))
@@ -403,13 +360,9 @@ class Trainer:
         return decay
 
     def ema_decay(self, step: int) -> float:
-        """The old model's EMA decay at iteration ``step``, over ``schedule_steps`` (0 for an
-        on-policy GRPO run: the old model becomes the current one)."""
-        if self.grpo and self.cfg.grpo.on_policy:
-            return 0.0
-        em = self.cfg.ema
-        return ema_decay(step, self.schedule_steps, start=em.start, end=em.end,
-                         schedule=em.schedule)
+        """The old model's EMA decay at iteration ``step``, over ``schedule_steps``, by the
+        update rule."""
+        return self.rule.ema_decay(step, self.schedule_steps)
 
     def _guarded_step(self) -> bool:
         """One step of every optimizer; undone (returns ``False``) when it changes the trained
@@ -457,90 +410,6 @@ class Trainer:
 
     # -- training internals ---------------------------------------------------------------------
 
-    def _kept(self, step: int, adv: Tensor) -> Tensor:
-        """The candidates each group trains on ``[B, K]``: NFT's ``nft.keep`` best then worst
-        (ties at the cut broken at random per global group, so any rank layout draws the same),
-        or all ``G`` for GRPO."""
-        if self.grpo:
-            return torch.arange(adv.shape[1]).expand(adv.shape[0], -1)
-        keep, seed = self.cfg.nft.keep, self.cfg.train.seed
-        return torch.cat([select_extremes(adv[b:b + 1], keep,
-                                          generator=generator(seed, step, gid, "select"))
-                          for b, gid in enumerate(self.group_ids())])
-
-    def _group_items(self, step: int, gid: int, group: GroupRollout, r: Tensor, adv: Tensor,
-                     chosen: Tensor) -> TrainingItems | GRPOItems:
-        """What the chosen candidates of a group are trained on; ``r``, ``adv`` ``[G]``."""
-        if self.grpo:
-            return self._grpo_items(step, gid, group, adv, chosen)
-        k_sig = math.ceil(self.cfg.nft.timestep_fraction * len(self.sigmas))
-        return self._items(step, gid, group, r, chosen, k_sig)
-
-    def _grpo_items(self, step: int, gid: int, group: GroupRollout, adv: Tensor,
-                    chosen: Tensor) -> GRPOItems:
-        """The chosen candidates at ``ceil(grpo.timestep_fraction K)`` distinct ones of their
-        ``K`` recorded SDE steps each (all ``K`` with a ``grpo.window``), drawn per candidate."""
-        gr, traj = self.cfg.grpo, group.trajectory
-        total = len(traj.index)
-        k = total if gr.window else math.ceil(gr.timestep_fraction * total)
-        gen = generator(self.cfg.train.seed, step, gid, "grpo_steps", *chosen.tolist())
-        steps = torch.stack([torch.randperm(total, generator=gen)[:k]
-                             for _ in range(len(chosen))]).flatten().to(self.device)
-        rows = chosen.repeat_interleave(k).to(self.device)
-        motion = None
-        if self.cfg.model.motion_latent:  # the latents the candidate was generated with
-            motion = group.latents[rows.to(group.latents.device)].to(self.device)
-        sample, prev_sample = traj.sample[steps, rows], traj.prev_sample[steps, rows]
-        sigma, sigma_next = traj.sigma[steps], traj.sigma_next[steps]
-        old_log_prob = traj.log_prob[steps, rows]
-        if self.explore != NO_EXPLORATION:
-            old_log_prob = self._commanded_log_prob(group, sample, prev_sample, sigma,
-                                                    sigma_next, motion)
-        return GRPOItems(group=group, sample=sample, prev_sample=prev_sample, sigma=sigma,
-                         sigma_next=sigma_next, old_log_prob=old_log_prob,
-                         advantage=adv.to(self.device)[rows], candidate=rows.tolist(),
-                         motion=motion)
-
-    @torch.no_grad()
-    def _commanded_log_prob(self, group: GroupRollout, sample: Tensor, prev_sample: Tensor,
-                            sigma: Tensor, sigma_next: Tensor, motion: Tensor | None) -> Tensor:
-        """The sampling model's log-probability ``[N]`` of recorded SDE steps under the
-        commanded keys: a rollout that explored sampled them under offset keys, and the update
-        moves the commanded policy, so its ratio starts at 1 as an on-policy one does."""
-        out = []
-        for part in torch.arange(len(sample), device=sample.device).split(CPU_MICRO_BATCH):
-            extra = {} if motion is None else {"motion": motion[part]}
-            v = self.old.velocity(sample[part], sigma[part], group.clip_actions,
-                                  group.caches[0], **extra)
-            out.append(sde_log_prob(v, sample[part], prev_sample[part], sigma[part],
-                                    sigma_next[part], noise_level=self.cfg.rollout.sde_noise,
-                                    sigma_max=self.sampler.sigmas[1]))
-        return torch.cat(out)
-
-    def _items(self, step: int, gid: int, group: GroupRollout, r: Tensor, chosen: Tensor,
-               k_sig: int) -> TrainingItems:
-        """Noisy clips of the chosen candidates at ``k_sig`` distinct schedule sigmas each."""
-        gen = generator(self.cfg.train.seed, step, gid, "noise", *chosen.tolist(),
-                        device=self.device)
-        picks = torch.stack([torch.randperm(len(self.sigmas), generator=gen,
-                                            device=self.device)[:k_sig]
-                             for _ in range(len(chosen))])
-        sigmas = self.sigmas.to(self.device)[picks]
-        x0 = group.candidates[chosen.to(self.device)]
-        noise = torch.randn((len(chosen) * k_sig, *x0.shape[1:]), generator=gen,
-                            device=self.device)
-        motion = None
-        if self.cfg.model.motion_latent and self.cfg.nft.latent_pairing == "fresh":
-            motion = noise_latents(noise)
-        elif self.cfg.model.motion_latent:  # each candidate moved as its noise's latents said
-            motion = group.latents[chosen.to(group.latents.device)].to(self.device)
-            motion = motion.repeat_interleave(k_sig, dim=0)
-            noise = with_latents(noise, motion)
-        x_t, v_target = flow_noise(x0, sigmas, noise, check_values=False)
-        return TrainingItems(group=group, x_t=x_t, v_target=v_target, sigma=sigmas.flatten(),
-                             r=r[chosen].repeat_interleave(k_sig).to(self.device),
-                             candidate=chosen.repeat_interleave(k_sig).tolist(), motion=motion)
-
     def _current_cache(self, group: GroupRollout, row: int, old_cache: ContextCache
                        ) -> tuple[ContextCache, float]:
         """The history cache the current model predicts over, and the FLOPs spent on it."""
@@ -555,18 +424,7 @@ class Trainer:
         # with gradient, the backward through the cache costs about twice its forward
         return cache, flops * (3 if mode == "recompute_grad" else 1)
 
-    def _reference_cache(self, group: GroupRollout, row: int) -> tuple[ContextCache | None,
-                                                                       float]:
-        """The reference model's history cache (``None`` without one) and its FLOPs."""
-        if self.ref is None:
-            return None, 0.0
-        with torch.no_grad():
-            cache = self.ref.build_cache_parallel(group.history[row:row + 1],
-                                                  group.history_actions[row:row + 1],
-                                                  sigma=self.ref.context_sigma)
-        return cache, self.ref.history_flops(group.history.shape[1])
-
-    def _accumulate(self, item: TrainingItems | GRPOItems, total: float) -> tuple[float, float]:
+    def _accumulate(self, item: Items, total: float) -> tuple[float, float]:
         """Backward of the item's loss sum / ``total`` in micro-batches over shared caches;
         returns that value (the item's share of the step's mean loss) and the FLOPs."""
         nf = self.cfg.nft
@@ -575,66 +433,21 @@ class Trainer:
         rows = [0] * len(item.candidate) if shared else item.candidate
         loss_sum, flops = 0.0, 0.0
         micro = nf.micro_batch or (len(rows) if self.device.type == "cuda" else CPU_MICRO_BATCH)
-        grpo = isinstance(item, GRPOItems)
-        micro_loss = self._grpo_micro_loss if grpo else self._micro_loss
         for row in sorted(set(rows)):
             idx = torch.tensor([i for i, o in enumerate(rows) if o == row])
             old_cache = group.caches[row]
             cache, cache_flops = self._current_cache(group, row, old_cache)
-            # the frozen model's cache: the old model's for NFT's v_old, the reference's for GRPO
-            frozen, frozen_flops = (self._reference_cache(group, row) if grpo
-                                    else (old_cache, 0.0))
+            frozen, frozen_flops = self.rule.frozen_cache(self, group, row, old_cache)
             flops += cache_flops + frozen_flops
             parts = idx.split(micro)
             for j, part in enumerate(parts):
-                loss, f = micro_loss(item, part, group.clip_actions, cache, frozen, 1.0 / total)
+                loss, f = self.rule.micro_loss(self, item, part, group.clip_actions, cache,
+                                               frozen, 1.0 / total)
                 last = j == len(parts) - 1
                 loss.backward(retain_graph=nf.context_kv == "recompute_grad" and not last)
                 loss_sum += loss.item()
                 flops += f
         return loss_sum, flops
-
-    def _micro_loss(self, item: TrainingItems, part: Tensor, actions: Tensor, cache: ContextCache,
-                    old_cache: ContextCache, scale: float) -> tuple[Tensor, float]:
-        nf = self.cfg.nft
-        x_t, sigma = item.x_t[part], item.sigma[part]
-        motion = None if item.motion is None else item.motion[part]
-        v_theta = self._velocity["model"](x_t, sigma, actions, cache, motion=motion)
-        batch_flops = self.model.velocity_flops(len(part), cache.num_tokens)
-        if nf.old_prediction == "detached_current":
-            v_old, flops = v_theta.detach(), 3 * batch_flops
-        else:
-            with torch.no_grad():
-                v_old = self._velocity["old"](x_t, sigma, actions, old_cache, motion=motion)
-            flops = 4 * batch_flops
-        loss = nft_loss(v_theta, v_old, item.v_target[part].to(v_theta.dtype),
-                        item.r[part], beta=nf.beta, sigma=sigma, space=nf.loss_space,
-                        reduction="sum", scale=scale, check_values=False)
-        return loss, flops
-
-    def _grpo_micro_loss(self, item: GRPOItems, part: Tensor, actions: Tensor,
-                         cache: ContextCache, ref_cache: ContextCache | None, scale: float
-                         ) -> tuple[Tensor, float]:
-        """GRPO's loss on rows ``part``, weighted ``len(part) * scale`` (``grpo_sde_loss``
-        averages its rows, the step averages over all of its rows), and its FLOPs."""
-        gr = self.cfg.grpo
-        sample, sigma = item.sample[part], item.sigma[part]
-        motion = None if item.motion is None else item.motion[part]
-        v_theta = self._velocity["model"](sample, sigma, actions, cache, motion=motion)
-        batch_flops = self.model.velocity_flops(len(part), cache.num_tokens)
-        ref_output, flops = None, 3 * batch_flops
-        if ref_cache is not None:
-            with torch.no_grad():
-                ref_output = self._velocity["ref"](sample, sigma, actions, ref_cache,
-                                                   motion=motion)
-            flops += batch_flops
-        loss = grpo_sde_loss(v_theta, sample, item.prev_sample[part], sigma,
-                             item.sigma_next[part], item.old_log_prob[part],
-                             item.advantage[part], noise_level=self.cfg.rollout.sde_noise,
-                             clip_range=gr.clip_range, adv_clip_max=gr.adv_clip_max,
-                             sigma_max=self.sampler.sigmas[1], ref_output=ref_output,
-                             kl_beta=gr.kl_beta)
-        return loss * (len(part) * scale), flops
 
     def _global_sum(self, value: float) -> float:
         if self.world_size == 1:

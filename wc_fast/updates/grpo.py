@@ -1,0 +1,151 @@
+"""The clipped-ratio update of Flow-GRPO / DanceGRPO (docs/design.md section 4.1): every
+candidate at some of the SDE steps its rollout recorded, trained with the PPO-clipped
+``grpo_sde_loss`` on its group advantage, optionally with a KL to the frozen initial model."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from wc_fast.models import ContextCache, WorldModel
+from wc_fast.rollout import NO_EXPLORATION, GroupRollout, rollout_clip_level
+from wc_fast.runtime import generator
+from wc_fast.updates.base import CPU_MICRO_BATCH, Update
+from wc_kernels import grpo_sde_loss, sde_log_prob
+
+if TYPE_CHECKING:
+    from wc_fast.trainer import Trainer
+
+
+@dataclass(slots=True)
+class GRPOItems:
+    """One group's candidates at some of their recorded SDE steps: what a GRPO update trains on.
+
+    Row ``i`` is candidate ``candidate[i]`` (an index into the group) at one stochastic step
+    of its rollout, which moved it from ``sample[i]`` to ``prev_sample[i]``.
+    """
+
+    group: GroupRollout
+    sample: Tensor  # [N, F, C, H, W] the latent before the step
+    prev_sample: Tensor  # [N, F, C, H, W] the latent after it
+    sigma: Tensor  # [N]
+    sigma_next: Tensor  # [N]
+    old_log_prob: Tensor  # [N] the old model's log-probability of the step, from the rollout
+    advantage: Tensor  # [N] the row's candidate's group advantage
+    candidate: list[int]  # [N]
+    motion: Tensor | None  # [N, 3] the candidate's own motion latents (motion-latent models)
+
+
+class GRPOUpdate(Update):
+    """``train.update flow_grpo``: SDE rollouts with recorded log-probabilities (clip-level,
+    validation keeps it so), every candidate kept, ``grpo.*`` for the loss; the old model is
+    the current one after each update with ``grpo.on_policy``."""
+
+    def reference(self, model: WorldModel) -> WorldModel | None:
+        """The KL's reference, a frozen copy of the initial model, when ``grpo.kl_beta > 0``
+        (a resumed run rebuilds it from the init)."""
+        if self.cfg.grpo.kl_beta <= 0:
+            return None
+        return copy.deepcopy(model).eval().requires_grad_(False)
+
+    def rollout_fn(self) -> Callable[..., GroupRollout]:
+        return functools.partial(rollout_clip_level, grpo=self.cfg.grpo)
+
+    def kept(self, trainer: Trainer, step: int, adv: Tensor) -> Tensor:
+        """All ``G`` candidates of every group."""
+        return torch.arange(adv.shape[1]).expand(adv.shape[0], -1)
+
+    def items(self, trainer: Trainer, step: int, gid: int, group: GroupRollout, r: Tensor,
+              adv: Tensor, chosen: Tensor) -> GRPOItems:
+        """The chosen candidates at ``ceil(grpo.timestep_fraction K)`` distinct ones of their
+        ``K`` recorded SDE steps each (all ``K`` with a ``grpo.window``), drawn per candidate;
+        with exploration, the old log-probabilities rescored under the commanded keys."""
+        cfg, device = self.cfg, trainer.device
+        gr, traj = cfg.grpo, group.trajectory
+        total = len(traj.index)
+        k = total if gr.window else math.ceil(gr.timestep_fraction * total)
+        gen = generator(cfg.train.seed, step, gid, "grpo_steps", *chosen.tolist())
+        steps = torch.stack([torch.randperm(total, generator=gen)[:k]
+                             for _ in range(len(chosen))]).flatten().to(device)
+        rows = chosen.repeat_interleave(k).to(device)
+        motion = None
+        if cfg.model.motion_latent:  # the latents the candidate was generated with
+            motion = group.latents[rows.to(group.latents.device)].to(device)
+        sample, prev_sample = traj.sample[steps, rows], traj.prev_sample[steps, rows]
+        sigma, sigma_next = traj.sigma[steps], traj.sigma_next[steps]
+        old_log_prob = traj.log_prob[steps, rows]
+        if trainer.explore != NO_EXPLORATION:
+            old_log_prob = self._commanded_log_prob(trainer, group, sample, prev_sample, sigma,
+                                                    sigma_next, motion)
+        return GRPOItems(group=group, sample=sample, prev_sample=prev_sample, sigma=sigma,
+                         sigma_next=sigma_next, old_log_prob=old_log_prob,
+                         advantage=adv.to(device)[rows], candidate=rows.tolist(),
+                         motion=motion)
+
+    @torch.no_grad()
+    def _commanded_log_prob(self, trainer: Trainer, group: GroupRollout, sample: Tensor,
+                            prev_sample: Tensor, sigma: Tensor, sigma_next: Tensor,
+                            motion: Tensor | None) -> Tensor:
+        """The sampling model's log-probability ``[N]`` of recorded SDE steps under the
+        commanded keys: a rollout that explored sampled them under offset keys, and the update
+        moves the commanded policy, so its ratio starts at 1 as an on-policy one does."""
+        out = []
+        for part in torch.arange(len(sample), device=sample.device).split(CPU_MICRO_BATCH):
+            extra = {} if motion is None else {"motion": motion[part]}
+            v = trainer.old.velocity(sample[part], sigma[part], group.clip_actions,
+                                     group.caches[0], **extra)
+            out.append(sde_log_prob(v, sample[part], prev_sample[part], sigma[part],
+                                    sigma_next[part], noise_level=self.cfg.rollout.sde_noise,
+                                    sigma_max=trainer.sampler.sigmas[1]))
+        return torch.cat(out)
+
+    def frozen_cache(self, trainer: Trainer, group: GroupRollout, row: int,
+                     old_cache: ContextCache) -> tuple[ContextCache | None, float]:
+        """The reference model's history cache (``None`` without one) and its FLOPs."""
+        ref = trainer.ref
+        if ref is None:
+            return None, 0.0
+        with torch.no_grad():
+            cache = ref.build_cache_parallel(group.history[row:row + 1],
+                                             group.history_actions[row:row + 1],
+                                             sigma=ref.context_sigma)
+        return cache, ref.history_flops(group.history.shape[1])
+
+    def micro_loss(self, trainer: Trainer, item: GRPOItems, part: Tensor, actions: Tensor,
+                   cache: ContextCache, frozen: ContextCache | None, scale: float
+                   ) -> tuple[Tensor, float]:
+        """GRPO's loss on rows ``part``, weighted ``len(part) * scale`` (``grpo_sde_loss``
+        averages its rows, the step averages over all of its rows), and its FLOPs; ``frozen``
+        is the reference model's cache (``None`` without a KL)."""
+        gr = self.cfg.grpo
+        sample, sigma = item.sample[part], item.sigma[part]
+        motion = None if item.motion is None else item.motion[part]
+        v_theta = trainer.velocities["model"](sample, sigma, actions, cache, motion=motion)
+        batch_flops = trainer.model.velocity_flops(len(part), cache.num_tokens)
+        ref_output, flops = None, 3 * batch_flops
+        if frozen is not None:
+            with torch.no_grad():
+                ref_output = trainer.velocities["ref"](sample, sigma, actions, frozen,
+                                                       motion=motion)
+            flops += batch_flops
+        loss = grpo_sde_loss(v_theta, sample, item.prev_sample[part], sigma,
+                             item.sigma_next[part], item.old_log_prob[part],
+                             item.advantage[part], noise_level=self.cfg.rollout.sde_noise,
+                             clip_range=gr.clip_range, adv_clip_max=gr.adv_clip_max,
+                             sigma_max=trainer.sampler.sigmas[1], ref_output=ref_output,
+                             kl_beta=gr.kl_beta)
+        return loss * (len(part) * scale), flops
+
+    def ema_decay(self, step: int, schedule_steps: int) -> float:
+        """0 with ``grpo.on_policy`` (the old model becomes the current one), else the EMA
+        schedule."""
+        if self.cfg.grpo.on_policy:
+            return 0.0
+        return super().ema_decay(step, schedule_steps)
