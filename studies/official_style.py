@@ -20,11 +20,11 @@ import time
 import torch
 
 from wc_fast.actions import split_action
+from wc_fast.advantages import optimality, select_extremes
 from wc_fast.config import Config
 from wc_fast.ema import ema_decay
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.motion_latent import noise_latents, with_latents
-from wc_fast.nft import optimality, select_extremes
 from wc_fast.optim import build_optimizers
 from wc_fast.rewards import load_critic, load_estimator, poses_to_labels
 from wc_fast.rollout import generate_history

@@ -9,9 +9,9 @@ from torch.optim import AdamW
 
 from wc_fast import config as config_lib
 from wc_fast import trainer as trainer_module
+from wc_fast.advantages import group_advantages
 from wc_fast.ema import ema_decay
 from wc_fast.models import TinyWorldDiT
-from wc_fast.nft import group_advantages
 from wc_fast.optim import GroupedMuon
 from wc_fast.rewards import interaction_score
 from wc_fast.train import main

@@ -14,9 +14,9 @@ from test_trainer_options import _config
 from wc_fast import checkpoint
 from wc_fast import sampler as sampler_module
 from wc_fast.actions import action_id, num_primitives
+from wc_fast.advantages import optimality
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.motion_latent import noise_latents
-from wc_fast.nft import optimality
 from wc_fast.noise_warp import warp_noise
 from wc_fast.sampler import ClipSampler
 from wc_fast.train import main

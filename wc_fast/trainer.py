@@ -40,12 +40,12 @@ from torch.distributed.tensor import DTensor
 
 from wc_fast import checkpoint
 from wc_fast.actions import is_composite, num_primitives, split_action
+from wc_fast.advantages import optimality
 from wc_fast.config import Config, RewardConfig
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
 from wc_fast.ema import ema_update
 from wc_fast.models import ContextCache, FrameCodec, PixelFrames, WorldModel
 from wc_fast.models.protocol import check_world_model
-from wc_fast.nft import optimality
 from wc_fast.optim import build_optimizers, freeze_untrained
 from wc_fast.rewards import (
     action_accuracy,

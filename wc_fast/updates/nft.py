@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from wc_fast.advantages import select_extremes
 from wc_fast.config import Config
 from wc_fast.models import ContextCache
 from wc_fast.models.motion_latent import noise_latents, with_latents
-from wc_fast.nft import select_extremes
 from wc_fast.rollout import GroupRollout, rollout_clip_level, rollout_sample_level
 from wc_fast.runtime import generator
 from wc_fast.sampler import sigma_schedule
