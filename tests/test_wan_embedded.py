@@ -202,15 +202,31 @@ def test_heldout_loss_scores_every_model_on_one_batch(pretrained_dir, capsys):
     assert noisy == sorted(noisy, reverse=True)
 
 
-def test_train_base_wan_runs_the_recipe_through_the_actions(tmp_path):
+def test_shipped_wan_base_is_the_configured_model():
+    """The shipped Wan base loads as the model ``--base wan`` configures (its card's sizes,
+    the reference frame as extra input channels) and predicts finite velocities."""
+    model = load_base_model("wan")
+    cfg = parse_run_args("t", "", ["--base", "wan"], with_base=True).config.model
+    assert type(model) is WanWorldModel and model.reference_frame
+    assert model.transformer.config.in_channels == 2 * model.transformer.config.out_channels
+    assert dataclasses.replace(model.cfg, dtype=cfg.dtype) == cfg
+    with torch.no_grad():
+        v = model.velocity(torch.randn(2, *model.clip_shape), torch.tensor([0.3, 0.8]),
+                           torch.tensor([2, 40]).repeat_interleave(4).view(2, 4),
+                           model.empty_cache())
+    assert torch.isfinite(v).all()
+
+
+def test_train_base_wan_runs_the_recipe_through_the_actions(tmp_path, monkeypatch):
     """``wc_fast.train --base wan``: the recipe's exploration goes through the Wan model's
-    action conditioning; an unshipped base is named with the command that pretrains it."""
+    action conditioning; a missing base is named with the command that pretrains it."""
     from wc_fast.train import main
 
     cfg = parse_run_args("t", "", ["--base", "wan"], with_base=True).config
     assert cfg.model.backbone == "wan" and cfg.rollout.action_exploration > 0
     assert cfg.rollout.warp_exploration == 0
-    if not pretrained_lib.BASE_MODELS["wan"].is_file():
+    with monkeypatch.context() as patch:
+        patch.setitem(pretrained_lib.BASE_MODELS, "wan", tmp_path / "absent.safetensors")
         with pytest.raises(FileNotFoundError, match="python -m wc_fast.pretrain --base wan"):
             main(["--base", "wan", "--out", str(tmp_path / "missing")])
     out = tmp_path / "run"
