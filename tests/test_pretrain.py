@@ -134,3 +134,9 @@ def test_max_minutes_stops_checkpoints_and_exports_what_ran(tmp_path, monkeypatc
     assert card["steps"] == len(records) < 50
     assert checkpoint.latest(tmp_path).name.endswith(f"{card['steps']:08d}")
     assert "held_out_ema" in records[-1]
+
+
+def test_cuda_without_a_gpu_names_the_pretraining_device_field(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="pretrain.device='cuda'"):
+        main([*SMALL, "--steps", "1", "--out", str(tmp_path), "--pretrain.device", "cuda"])

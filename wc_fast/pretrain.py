@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = parse_run_args("python -m wc_fast.pretrain", "Pretrain an embedded world model.",
                          argv, kind=config_lib.PRETRAIN_RUN, steps_field="pretrain.steps",
                          out_field="pretrain.out", with_base=True)
-    resolve_device(run.config.pretrain.device)
+    resolve_device(run.config.pretrain.device, "pretrain.device")
     out = check_writable_dir(run.config.pretrain.out, "pretrain.out")
     with RunLock(out):
         claim(out, resume=run.resume, overwrite=run.overwrite)
@@ -181,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _pretrain(run: RunArgs) -> int:
     cfg, pt = run.config, run.config.pretrain
-    device = resolve_device(pt.device)
+    device = resolve_device(pt.device, "pretrain.device")
     out = Path(pt.out)
     torch.manual_seed(pt.seed)
     model = new_world_model(cfg.model, seed=pt.seed).to(device)
