@@ -32,7 +32,7 @@ done
 for fraction in 0.1 0.0; do
     "$py" -m wc_fast.pretrain --preset cpu --out "$work/pretrain_$fraction" \
         --pretrain.composite_fraction "$fraction" --pretrain.max_minutes "$minutes" \
-        --pretrain.ckpt_every 100000 --train.device "$device" >"$work/pretrain_$fraction.log" 2>&1 &
+        --pretrain.ckpt_every 100000 --pretrain.device "$device" >"$work/pretrain_$fraction.log" 2>&1 &
     pids+=($!)
 done
 status=0

@@ -125,6 +125,14 @@ SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic
 # (the update guard acts only on an update larger than the weights it changes, which none of
 # the cached runs made)
 FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio": 1.0}
+# the pretraining section the RL run's config held when the study began (the cpu preset's; it
+# has since moved to the pretraining run's own config, wc_fast.config.PretrainRun): hashed
+# with every row as before, so the cached rows keep their names
+STUDY_PRETRAIN_SECTION = {"steps": 1500, "batch_size": 8, "num_clips": 3, "lr": 5e-4,
+                          "weight_decay": 0.01, "warmup": 100, "grad_clip": 1.0, "ema": 0.995,
+                          "composite_fraction": 0.0, "seed": 0, "out": "runs/pretrain",
+                          "ckpt_every": 200, "eval_every": 500, "keep_last": 2,
+                          "max_minutes": 0.0, "init": ""}
 # NFT against DanceGRPO with the same exploration in camera motion, per family: (NFT row, GRPO
 # row's name in the family, what they share); "{}" is the family's full row
 MATCHED_UPDATES = {"recipe": (("recipe_no_exploration", "flow_grpo_same",
@@ -198,12 +206,14 @@ def training_id(row: str, seed: int, steps: int | None) -> str:
     """8 hex digits of the resolved training configuration of one (row, seed): a change to the
     preset's defaults gives the row a new run folder and cache file. A field added after the
     study began is left out while it holds its value that changes nothing
-    (``FIELDS_ADDED_OFF``), so adding an option keeps the cached rows."""
+    (``FIELDS_ADDED_OFF``), so adding an option keeps the cached rows; the pretraining
+    section the config held then is hashed with it (``STUDY_PRETRAIN_SECTION``)."""
     config = to_dict(parse_run_args("replicate", "", training_args(row, seed, steps)).config)
     for path, off in FIELDS_ADDED_OFF.items():
         section, name = path.split(".")
         if config[section].get(name) == off:
             del config[section][name]
+    config["pretrain"] = STUDY_PRETRAIN_SECTION
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
 
 

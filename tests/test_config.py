@@ -1,5 +1,6 @@
 """Presets reproduce docs/design.md section 4; impossible values raise naming the field."""
 
+import dataclasses
 import json
 
 import pytest
@@ -223,6 +224,84 @@ def test_configs_saved_by_earlier_versions_still_load():
     saved["train"]["log_every_n"] = 5
     with pytest.raises(ValueError, match="train.log_every_n"):
         C.from_dict(saved)
+
+
+def test_rl_configs_saved_with_a_pretrain_section_load_without_it():
+    """RL configs written while the run config held the pretraining section."""
+    saved = C.to_dict(C.preset("cpu"))
+    saved["pretrain"] = C.to_dict(C.build_pretrain_run("cpu"))["pretrain"]
+    cfg = C.from_dict(json.loads(json.dumps(saved)))
+    assert isinstance(cfg, C.Config) and C.to_dict(cfg) == C.to_dict(C.preset("cpu"))
+
+
+def test_a_pretraining_runs_saved_config_loads_as_one():
+    run = C.build_pretrain_run("smoke")
+    C.apply_pretrain_base(run, "wan")
+    C.validate_pretrain_run(run)
+    assert C.from_dict(json.loads(json.dumps(C.to_dict(run)))) == run
+
+
+def test_pretraining_presets_keep_the_shipped_base_models_pretraining():
+    for name in C.EMBEDDED_WORLD_PRESETS:
+        run = C.build_pretrain_run(name)
+        assert run.model == C.build_preset(name).model
+        assert (run.pretrain.steps, run.pretrain.composite_fraction) == (1500, 0.0)
+    assert C.build_pretrain_run("paper").pretrain == C.PretrainConfig()
+    C.apply_override(run, "pretrain.lr", "-1")
+    with pytest.raises(ValueError, match="pretrain.lr"):
+        C.validate_pretrain_run(run)
+
+
+@pytest.mark.parametrize("config_type", [C.Config, C.PretrainRun])
+def test_every_field_has_help(config_type):
+    for section in dataclasses.fields(config_type):
+        if section.name == "preset":
+            continue
+        for item in dataclasses.fields(section.default_factory):
+            text = item.metadata.get("help", "")
+            assert isinstance(text, str) and text.strip(), f"{section.name}.{item.name}"
+
+
+def _help(kind: C.RunKind, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_run_args("prog", "d", ["--help"], kind=kind, with_base=True)
+    assert exit_info.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+
+
+def test_help_lists_every_field_with_its_type_default_and_help(capsys):
+    text = _help(C.RL_RUN, capsys)
+    for name in C.SECTIONS:
+        assert f"{name} section:" in text
+        for field_name in C.to_dict(C.Config())[name]:
+            assert f"--{name}.{field_name} " in text, f"{name}.{field_name}"
+    assert "--rollout.steps INT sampler steps per clip (default: 40)" in text
+    assert "--reward.std {group,global}" in text
+    assert "--reward.trans_thresholds FLOAT,... translations per frame" in text
+    assert "(default: 0.01,0.02,0.03,0.04,0.05)" in text
+    assert "--pretrain." not in text
+
+
+def test_pretraining_help_lists_the_model_and_pretraining_fields_only(capsys):
+    text = _help(C.PRETRAIN_RUN, capsys)
+    assert "--pretrain.max_minutes FLOAT a wall-clock budget (0 = none)" in text
+    assert "--model.depth INT" in text
+    assert "--rollout." not in text and "--train." not in text
+
+
+def test_a_pretraining_field_in_an_rl_run_names_where_it_belongs(capsys):
+    with pytest.raises(SystemExit):
+        parse_run_args("t", "d", ["--pretrain.steps", "5"])
+    assert "'pretrain.steps' belongs to python -m wc_fast.pretrain" in capsys.readouterr().err
+
+
+def test_pretraining_flags_set_the_pretraining_run():
+    run = parse_run_args("p", "d", ["--preset", "smoke", "--steps", "7",
+                                    "--pretrain.shift=3", "--model.depth", "1"],
+                         kind=C.PRETRAIN_RUN, steps_field="pretrain.steps")
+    assert isinstance(run.config, C.PretrainRun)
+    assert (run.config.pretrain.steps, run.config.pretrain.shift) == (7, 3.0)
+    assert run.config.model.depth == 1
 
 
 def _differences(a: C.Config, b: C.Config) -> set[str]:

@@ -42,13 +42,27 @@ def test_resume_refuses_another_config(tmp_path):
               "--pretrain.lr", "0.1"])
 
 
-def test_resume_ignores_settings_pretraining_does_not_read(tmp_path):
+def test_resume_ignores_bookkeeping_but_not_the_noise_levels(tmp_path):
     assert main([*SMALL, "--steps", "1", "--out", str(tmp_path)]) == 0
     assert main([*SMALL, "--steps", "2", "--out", str(tmp_path), "--resume",
-                 "--train.steps", "7", "--reward.lam", "0.5", "--rollout.group_size", "12"]) == 0
-    with pytest.raises(checkpoint.CheckpointError, match="rollout.shift"):
+                 "--pretrain.keep_last", "3", "--pretrain.eval_every", "7",
+                 "--pretrain.device", "cpu"]) == 0
+    with pytest.raises(checkpoint.CheckpointError, match="pretrain.shift"):
         main([*SMALL, "--steps", "3", "--out", str(tmp_path), "--resume",
-              "--rollout.shift", "2.0"])
+              "--pretrain.shift", "2.0"])
+
+
+def test_checkpoints_hold_only_the_pretraining_config(tmp_path):
+    assert main([*SMALL, "--steps", "1", "--out", str(tmp_path)]) == 0
+    saved = json.loads((checkpoint.latest(tmp_path) / "meta.json").read_text())["config"]
+    assert set(saved) == {"preset", "model", "pretrain"}
+
+
+def test_an_rl_field_is_a_usage_error_naming_the_rl_entry_point(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*SMALL, "--steps", "1", "--rollout.shift", "2.0"])
+    assert exit_info.value.code == 2
+    assert "'rollout.shift' belongs to python -m wc_fast.train" in capsys.readouterr().err
 
 
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
@@ -120,3 +134,9 @@ def test_max_minutes_stops_checkpoints_and_exports_what_ran(tmp_path, monkeypatc
     assert card["steps"] == len(records) < 50
     assert checkpoint.latest(tmp_path).name.endswith(f"{card['steps']:08d}")
     assert "held_out_ema" in records[-1]
+
+
+def test_cuda_without_a_gpu_names_the_pretraining_device_field(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="pretrain.device='cuda'"):
+        main([*SMALL, "--steps", "1", "--out", str(tmp_path), "--pretrain.device", "cuda"])

@@ -138,6 +138,18 @@ def test_resume_refuses_another_config_and_damaged_checkpoints(tmp_path):
         main([*SMOKE, "--steps", "2", "--out", str(tmp_path / "nothing"), "--resume"])
 
 
+def test_resumes_a_checkpoint_whose_config_held_the_pretraining_section(tmp_path):
+    """Checkpoints written while the RL config held ``pretrain``, which the run never read."""
+    assert main([*SMOKE, "--steps", "1", "--out", str(tmp_path)]) == 0
+    meta_path = checkpoint.latest(tmp_path) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["config"]["pretrain"] = {"steps": 3000, "lr": 5e-4, "out": "runs/pretrain"}
+    meta["sha256"] = checkpoint._meta_digest(meta)  # as that version wrote it
+    meta_path.write_text(json.dumps(meta))
+    assert main([*SMOKE, "--steps", "2", "--out", str(tmp_path), "--resume"]) == 0
+    assert checkpoint.latest(tmp_path).name.endswith("00000002")
+
+
 def test_unknown_field_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*SMOKE, "--rollout.bogus", "1", "--out", str(tmp_path)])

@@ -82,14 +82,28 @@ def test_config_selects_the_embedded_model_without_a_path():
 
 
 def test_base_flag_parses_in_pretrain():
-    tiny = parse_run_args("p", "d", [], with_base=True)
+    pretraining = config_lib.PRETRAIN_RUN
+    tiny = parse_run_args("p", "d", [], kind=pretraining, with_base=True)
     assert tiny.base == "tiny" and tiny.config.model.backbone == "tiny"
-    wan = parse_run_args("p", "d", ["--base", "wan", "--model.depth", "2"], with_base=True)
+    wan = parse_run_args("p", "d", ["--base", "wan", "--model.depth", "2"], kind=pretraining,
+                         with_base=True)
     assert wan.base == "wan" and wan.config.model.backbone == "wan"
     assert wan.config.model.depth == 2  # field overrides apply after the base
-    assert wan.config.pretrain.composite_fraction == 0.0
-    with pytest.raises(SystemExit):
-        parse_run_args("p", "d", ["--base", "wan"])  # only entry points that take it
+    pt = wan.config.pretrain
+    assert (pt.composite_fraction, pt.batch_size, pt.max_minutes) == (0.0, 4, 55.0)
+    with pytest.raises(SystemExit):  # only entry points that take it
+        parse_run_args("p", "d", ["--base", "wan"], kind=pretraining)
+
+
+def test_base_flag_gives_rl_and_pretraining_runs_one_model():
+    """``--base wan`` sets the same model in both; the RL run gets no pretraining section and
+    drops what only the tiny model has."""
+    rl = parse_run_args("t", "d", ["--base", "wan"], with_base=True).config
+    pretraining = parse_run_args("p", "d", ["--base", "wan"], kind=config_lib.PRETRAIN_RUN,
+                                 with_base=True).config
+    assert rl.model == pretraining.model and rl.model.backbone == "wan"
+    assert not hasattr(rl, "pretrain")
+    assert rl.train.eval_at_end is False and rl.rollout.warp_exploration == 0.0
 
 
 @pytest.fixture(scope="module")

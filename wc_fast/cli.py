@@ -1,10 +1,14 @@
-"""Thin command line shared by the entry points: a preset plus ``--section.field VALUE``, and
-the way they fail: one line on stderr and exit status 2 (a traceback with ``--debug``)."""
+"""Thin command line shared by the entry points: a preset plus ``--section.field VALUE`` (each
+listed by ``--help`` with its type, default and help, grouped by section), and the way they
+fail: one line on stderr and exit status 2 (a traceback with ``--debug``)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 import sys
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -15,27 +19,34 @@ from wc_fast import config as config_lib
 
 @dataclass(slots=True)
 class RunArgs:
-    config: config_lib.Config
+    config: config_lib.Config | config_lib.PretrainRun
     resume: bool
     overwrite: bool = False
     base: str = "tiny"  # --base, where the entry point takes it
 
 
 def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = None, *,
+                   kind: config_lib.RunKind = config_lib.RL_RUN,
                    steps_field: str = "train.steps", out_field: str = "train.out",
                    with_base: bool = False) -> RunArgs:
     """Parse ``[--preset NAME] [--out DIR] [--steps N] [--resume | --overwrite] [--debug]
-    [--section.field VALUE]`` (``--debug`` is read by :func:`run_main`).
+    [--section.field VALUE]`` (``--debug`` is read by :func:`run_main`) into a config of
+    ``kind`` (an RL run's, or a pretraining run's).
 
     ``--out`` and ``--steps`` set ``out_field`` and ``steps_field``. ``with_base``: also
-    ``--base NAME``, an embedded base world model (:func:`wc_fast.config.apply_base`) applied
-    to the preset before the ``--section.field`` overrides.
+    ``--base NAME``, an embedded base world model (``kind.apply_base``) applied to the preset
+    before the ``--section.field`` overrides.
     """
+    names = config_lib.sections(kind.config_type)
+    base = " [--base NAME]" if with_base else ""
     parser = argparse.ArgumentParser(
-        prog=prog, description=description,
-        epilog="Any config field can be set as --section.field VALUE (e.g. --rollout.steps 8, "
-               "--reward.trans_thresholds 0.01,0.02). Sections: "
-               + ", ".join(config_lib.SECTIONS) + ".")
+        prog=prog, description=description, allow_abbrev=False,
+        usage=f"{prog} [-h] [--preset NAME]{base} [--out DIR] [--steps N] "
+              "[--resume | --overwrite] [--debug] [--section.field VALUE ...]",
+        epilog="Any config field can be set as --section.field VALUE (e.g. --model.depth 4, "
+               "--model.lora_targets to_q,to_k); the defaults listed are the fields' own, "
+               "which --preset (and --base) change for some. Sections: "
+               + ", ".join(names) + ".")
     parser.add_argument("--preset", choices=config_lib.PRESETS, default=None,
                         help="named configuration (default: the recipe sized for this machine, "
                              "gpu with CUDA, cpu without)")
@@ -52,12 +63,14 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
                             help="embedded base world model: tiny (TinyWorldDiT) or wan (a "
                                  "diffusers WanTransformer3DModel on pixels); default tiny")
     add_debug(parser)
+    paths = _add_config_fields(parser, kind.config_type)
     args, rest = parser.parse_known_args(argv)
-    cfg = config_lib.build_preset(
-        args.preset or config_lib.machine_preset(torch.cuda.is_available()))
+    cfg = kind.build(args.preset or config_lib.machine_preset(torch.cuda.is_available()))
     if with_base:
-        config_lib.apply_base(cfg, args.base)
-    overrides = _pairs(parser, rest)
+        kind.apply_base(cfg, args.base)
+    given = vars(args)
+    overrides = [(path, given[path]) for path in paths if path in given]
+    overrides += _pairs(parser, rest)
     if args.out is not None:
         overrides.append((out_field, args.out))
     if args.steps is not None:
@@ -68,11 +81,54 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
         except (ValueError, TypeError) as exc:
             parser.error(str(exc))
     try:
-        config_lib.validate(cfg)
+        kind.validate(cfg)
     except ValueError as exc:
         parser.error(str(exc))
     return RunArgs(config=cfg, resume=args.resume, overwrite=args.overwrite,
                    base=getattr(args, "base", "tiny"))
+
+
+def _add_config_fields(parser: argparse.ArgumentParser, config_type: type) -> list[str]:
+    """An option ``--section.field`` per field of ``config_type``, one argument group per
+    section, each with its type, default and ``help`` metadata; returns the fields' paths.
+    Values stay text: :func:`wc_fast.config.apply_override` parses them."""
+    paths = []
+    for section in dataclasses.fields(config_type):
+        if section.name == "preset":
+            continue
+        section_type = section.default_factory
+        doc = (section_type.__doc__ or "").strip().split("\n\n")[0]
+        # the docstring's first paragraph, without its reStructuredText markup
+        doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc).replace("``", "")
+        group = parser.add_argument_group(f"{section.name} section", " ".join(doc.split()))
+        hints = typing.get_type_hints(section_type)
+        for item in dataclasses.fields(section_type):
+            path = f"{section.name}.{item.name}"
+            text = item.metadata.get("help", "")
+            group.add_argument(f"--{path}", dest=path, default=argparse.SUPPRESS,
+                               metavar=_metavar(hints[item.name]),
+                               help=f"{text} (default: {_shown(item.default)})"
+                               .replace("%", "%%"))
+            paths.append(path)
+    return paths
+
+
+def _metavar(kind: object) -> str:
+    """How ``--help`` shows a field's type: ``INT``, ``{a,b}`` for choices, ``FLOAT,...``."""
+    if typing.get_origin(kind) is typing.Literal:
+        return "{" + ",".join(typing.get_args(kind)) + "}"
+    if typing.get_origin(kind) is tuple:
+        return f"{typing.get_args(kind)[0].__name__.upper()},..."
+    return getattr(kind, "__name__", str(kind)).upper()
+
+
+def _shown(value: object) -> str:
+    """A default as it would be typed on the command line."""
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if value == "" else str(value)
 
 
 def add_debug(parser: argparse.ArgumentParser) -> None:

@@ -5,9 +5,12 @@ world model, sized for a 2-core machine and for one GPU (they differ only in
 :data:`SIZE_FIELDS`; the command line picks one by the machine, :func:`machine_preset`);
 ``wan`` is the same recipe on a Wan backbone; ``paper`` and ``official`` reproduce the two
 columns of docs/design.md section 4 (the paper and the official WorldCompass code); ``smoke``
-is a random tiny model through the whole trainer in seconds. Any field can be overridden by
-name, ``section.field`` (see :func:`apply_override`), and every value is checked by
-:func:`validate`.
+is a random tiny model through the whole trainer in seconds. An RL run is a :class:`Config`;
+a pretraining run a :class:`PretrainRun` (the preset's model and a ``pretrain`` section), so
+no pretraining field is part of an RL run. Each field's documentation is its ``help``
+metadata, which ``--help`` prints. Any field can be overridden by name, ``section.field``
+(see :func:`apply_override`), and every value is checked by :func:`validate` (an RL run) or
+:func:`validate_pretrain_run`.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from wc_kernels.ops.nft_loss import SPACES
 
@@ -54,361 +58,384 @@ PREDICTIONS = typing.get_args(Prediction)
 
 @dataclass(slots=True)
 class ModelConfig:
-    """The world model: frame size, clip length and transformer sizes.
-
-    ``reference_frame``: every frame of a chunk also receives, concatenated to its channels,
-    the last frame before the chunk (image-to-video style conditioning), so that reproducing
-    and shifting the previous view is local work for each token instead of a copy through
-    attention.
-
-    ``prediction``: what the network's output head predicts. ``velocity`` is read as the flow
-    velocity directly; ``x0`` is read as the clean clip and turned into the velocity
-    ``(x_t - x0) / max(sigma, 0.05)``, so samplers, losses and the RL trainer see velocities
-    either way. With large pixel patches (patch dim >= model dim) the clean frames lie on a
-    low-dimensional manifold the narrow token stream can carry while the noise does not, so
-    x0 prediction gives sharper frames (Li and He, "Back to Basics: Let Denoising Generative
-    Models Denoise", 2025). ``warp`` predicts the clean clip as the reference frame warped
-    (bilinear) by a per-pixel flow plus a global affine flow per frame, plus a residual, all
-    from the head: camera motion in a static scene is mostly a warp of the last frame, and a
-    warp keeps its detail sharp where a narrow token stream would blur it. Needs
-    ``reference_frame``.
-
-    ``motion_latent``: the model was pretrained with each clip's camera speed, turn rate and
-    onset written into three directions of its noise (:mod:`wc_fast.models.motion_latent`),
-    so the candidates of one command move differently (``nft.latent_pairing`` says which
-    latents the RL update gives it).
-
-    ``pose_branch``: a camera-pose branch (WorldPlay's): the pressed keys of each frame through
-    one linear map to that frame's global affine flow, added to the one the head reads from the
-    tokens (``prediction="warp"`` only). Linear in the keys, so a key combination's motion is
-    the sum of its keys' motions by construction, where the transformer must learn to compose
-    them. Zero-initialised: switching it on over weights trained without it leaves the model
-    unchanged, and RL can then train it.
-
-    ``backbone``: ``tiny`` is the embedded :class:`~wc_fast.models.TinyWorldDiT` (sized by the
-    fields above); ``wan`` is a :class:`~wc_fast.models.wan.WanWorldModel`. With an empty
-    ``path`` it is the embedded Wan world model (:mod:`wc_fast.models.wan_embedded`): a tiny
-    diffusers ``WanTransformer3DModel`` on the world's pixel frames, sized by ``patch``,
-    ``dim``, ``depth`` and ``heads`` (no reference frame, velocity prediction). With a
-    ``path`` (a local diffusers pipeline directory with ``transformer/`` and ``vae/``
-    subfolders) it works on the latents of the Wan VAE, both read from there: it takes
-    ``resolution`` (the world's and the rewards' pixel frames), ``clip_frames`` (one latent
-    frame per frame, :mod:`wc_fast.models.wan_vae`) and ``context_sigma`` from here; its sizes
-    come from ``path``, so ``patch``, ``dim``, ``depth``, ``heads``, ``reference_frame`` and
-    ``prediction`` do not apply.
-    ``worldplay`` is a :class:`~wc_fast.models.worldplay.WorldPlayWorldModel` (HY-WorldPlay's
-    transformer) read the same way from ``path``: ``transformer/`` in the official layout (its
-    ``config.json`` and the action model's safetensors) and ``vae/`` (diffusers'
-    HunyuanVideo-1.5 VAE); ``prompt_embeds`` may add ``vision_states`` and ``byt5_states``
-    tensors to its text.
-
-    ``prompt_embeds``: a Wan backbone's text conditioning, a ``.safetensors`` file holding
-    one tensor ``prompt_embeds`` ``[1, L, text_dim]`` (the text encoder's output for the
-    world's prompt, computed once elsewhere: no text encoder is loaded here); empty: one zero
-    token, a fixed empty prompt.
-
-    ``lora_rank``: LoRA adapters of this rank on the Wan backbone's ``lora_targets`` (0 = off;
-    needs ``peft``, ``pip install wc_fast[lora]``). The backbone's own weights are frozen and
-    RL trains the adapters and the conditioning parameters (the action layers, the timestep
-    embedder and every modulation table); checkpoints hold only those, with ``path`` and the
-    sha256 of the frozen weights, which a resumed run must match. ``lora_alpha`` scales the
-    adapters' product by ``lora_alpha / lora_rank`` (0 = the rank: scale 1). ``lora_targets``
-    are module names as peft matches them (the name or its last dotted parts): by default
-    every attention projection (``to_q``, ``to_k``, ``to_v``, ``to_out.0``, self- and
-    cross-attention) and both FFN linears of every block. The adapters' second factor starts
-    at zero, so the model starts unchanged. LoRA runs on one process or DDP, not FSDP2.
-
-    ``dtype``: the dtype the model's matmuls and attention run in (``torch.autocast``; bf16 on
-    a GPU); the weights, the optimizer state and the loss stay fp32 whatever it is.
-
-    ``activation_checkpointing``: keep only each transformer block's input in the forwards
-    that build a graph (the train phase's; never in the no-grad rollouts) and run the block
-    again in the backward (``torch.utils.checkpoint``, non-reentrant): activation memory of
-    one block instead of all, for one more forward per update. Same loss and gradients.
+    """The world model: its backbone, frame size, clip length and transformer sizes, and how
+    its matmuls run. A Wan or WorldPlay backbone read from ``path`` takes its sizes from there.
     """
 
-    resolution: int = 32
-    channels: int = 3
-    clip_frames: int = 4
-    patch: int = 4
-    dim: int = 192
-    depth: int = 6
-    heads: int = 6
-    context_sigma: float = 0.014
-    dtype: Dtype = "float32"
-    reference_frame: bool = True
-    prediction: Prediction = "velocity"
-    motion_latent: bool = False
-    pose_branch: bool = False
-    backbone: Backbone = "tiny"
-    path: str = ""
-    prompt_embeds: str = ""
-    lora_rank: int = 0
-    lora_alpha: float = 0.0
-    lora_targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj",
-                                     "ffn.net.2")
-    activation_checkpointing: bool = False
+    resolution: int = field(default=32, metadata={"help": (
+        "frame height and width in pixels (the world's and the rewards' frames); a multiple of "
+        "model.patch")})
+    channels: int = field(default=3, metadata={"help": "colour channels of a frame"})
+    clip_frames: int = field(default=4, metadata={"help": (
+        "frames per generated clip (with a Wan VAE backbone: latent frames, one per frame)")})
+    patch: int = field(default=4, metadata={"help": (
+        "pixel patch side of a token (embedded models; a backbone read from model.path has "
+        "its own)")})
+    dim: int = field(default=192, metadata={"help": (
+        "transformer width (embedded models); a multiple of model.heads")})
+    depth: int = field(default=6, metadata={"help": "transformer blocks (embedded models)"})
+    heads: int = field(default=6, metadata={"help": "attention heads (embedded models)"})
+    context_sigma: float = field(default=0.014, metadata={"help": (
+        "noise level in [0, 1) the clean history is seen at (that much noise is added to "
+        "it)")})
+    dtype: Dtype = field(default="float32", metadata={"help": (
+        "dtype the model's matmuls and attention run in (torch.autocast; bf16 on a GPU); the "
+        "weights, the optimizer state and the loss stay fp32 whatever it is")})
+    reference_frame: bool = field(default=True, metadata={"help": (
+        "every frame of a chunk also receives, concatenated to its channels, the last frame "
+        "before the chunk (image-to-video style conditioning), so reproducing and shifting "
+        "the previous view is local work for each token instead of a copy through attention")})
+    prediction: Prediction = field(default="velocity", metadata={"help": (
+        "what the output head predicts. velocity: the flow velocity directly. x0: the clean "
+        "clip, turned into the velocity (x_t - x0) / max(sigma, 0.05), so samplers, losses "
+        "and the RL trainer see velocities either way; with large pixel patches (patch dim >= "
+        "model dim) the clean frames lie on a low-dimensional manifold the narrow token "
+        "stream can carry while the noise does not, so x0 gives sharper frames (Li and He, "
+        "'Back to Basics: Let Denoising Generative Models Denoise', 2025). warp: the clean "
+        "clip as the reference frame warped (bilinear) by a per-pixel flow plus a global "
+        "affine flow per frame, plus a residual, all from the head: camera motion in a static "
+        "scene is mostly a warp of the last frame, and a warp keeps its detail sharp where a "
+        "narrow token stream would blur it; needs model.reference_frame")})
+    motion_latent: bool = field(default=False, metadata={"help": (
+        "the model was pretrained with each clip's camera speed, turn rate and onset written "
+        "into three directions of its noise (wc_fast.models.motion_latent), so the "
+        "candidates of one command move differently (nft.latent_pairing says which latents "
+        "the RL update gives it)")})
+    pose_branch: bool = field(default=False, metadata={"help": (
+        "a camera-pose branch (WorldPlay's): the pressed keys of each frame through one "
+        "linear map to that frame's global affine flow, added to the one the head reads from "
+        "the tokens (model.prediction warp only). Linear in the keys, so a key combination's "
+        "motion is the sum of its keys' motions by construction, where the transformer must "
+        "learn to compose them. Zero-initialised: switching it on over weights trained "
+        "without it leaves the model unchanged, and RL can then train it")})
+    backbone: Backbone = field(default="tiny", metadata={"help": (
+        "tiny: the embedded TinyWorldDiT, sized by the fields above. wan: a WanWorldModel; "
+        "with an empty model.path the embedded Wan world model (wc_fast.models.wan_embedded), "
+        "a tiny diffusers WanTransformer3DModel on the world's pixel frames sized by patch, "
+        "dim, depth and heads (no reference frame, velocity prediction); with a model.path it "
+        "works on the latents of the Wan VAE. worldplay: a WorldPlayWorldModel "
+        "(HY-WorldPlay's transformer) read from model.path")})
+    path: str = field(default="", metadata={"help": (
+        "a local model directory for model.backbone wan or worldplay (empty: the embedded Wan "
+        "model). wan: a diffusers pipeline directory with transformer/ and vae/ subfolders, "
+        "both read from there. worldplay: transformer/ in the official layout (its "
+        "config.json and the action model's safetensors) and vae/ (diffusers' "
+        "HunyuanVideo-1.5 VAE). Such a backbone takes model.resolution (the world's and the "
+        "rewards' pixel frames), model.clip_frames (one latent frame per frame, "
+        "wc_fast.models.wan_vae) and model.context_sigma from here; its sizes come from the "
+        "path, so patch, dim, depth, heads, reference_frame and prediction do not apply")})
+    prompt_embeds: str = field(default="", metadata={"help": (
+        "a Wan backbone's text conditioning: a .safetensors file holding one tensor "
+        "prompt_embeds [1, L, text_dim] (the text encoder's output for the world's prompt, "
+        "computed once elsewhere: no text encoder is loaded here); for worldplay it may add "
+        "vision_states and byt5_states tensors to its text. Empty: one zero token, a fixed "
+        "empty prompt")})
+    lora_rank: int = field(default=0, metadata={"help": (
+        "rank of LoRA adapters on model.lora_targets of a backbone read from model.path (0 = "
+        "off; needs peft, pip install wc_fast[lora]). The backbone's own weights are frozen "
+        "and RL trains the adapters and the conditioning parameters (the action layers, the "
+        "timestep embedder and every modulation table); checkpoints hold only those, with "
+        "model.path and the sha256 of the frozen weights, which a resumed run must match. The "
+        "adapters' second factor starts at zero, so the model starts unchanged. LoRA runs on "
+        "one process or DDP, not FSDP2")})
+    lora_alpha: float = field(default=0.0, metadata={"help": (
+        "scales the adapters' product by lora_alpha / lora_rank (0 = the rank: scale 1)")})
+    lora_targets: tuple[str, ...] = field(
+        default=("to_q", "to_k", "to_v", "to_out.0", "ffn.net.0.proj", "ffn.net.2"),
+        metadata={"help": (
+            "module names LoRA adapts, as peft matches them (the name or its last dotted "
+            "parts); by default every attention projection (to_q, to_k, to_v, to_out.0, self- "
+            "and cross-attention) and both FFN linears of every block")})
+    activation_checkpointing: bool = field(default=False, metadata={"help": (
+        "keep only each transformer block's input in the forwards that build a graph (the "
+        "train phase's; never in the no-grad rollouts) and run the block again in the "
+        "backward (torch.utils.checkpoint, non-reentrant): activation memory of one block "
+        "instead of all, for one more forward per update. Same loss and gradients")})
 
 
 @dataclass(slots=True)
 class RolloutConfig:
-    """Candidate generation with the old (EMA) model.
+    """Candidate generation with the old (EMA) model: groups of candidates per command, the
+    sampler, and how the candidates of a group explore."""
 
-    ``composite_fraction`` of the training clips command a key combination, one of those
-    pressing a number of keys in ``composite_keys``.
-
-    ``noise_warp``: strength ``a`` in [0, 1] of noise-warped initial noise (0 = off; World-R1's
-    camera conditioning after Go-with-the-Flow, docs/design.md section 4.2). Frames 2..F of
-    every sampled clip's initial noise are ``sqrt(1 - a^2) fresh + a warped``, where
-    ``warped`` is the previous frame's noise moved along the image flow of the commanded
-    camera motion (:mod:`wc_fast.noise_warp`); every element stays a standard normal and
-    frame 1 (with its motion latents) is left as drawn.
-
-    ``warp_exploration``: standard deviation, in pixels per frame, of a random camera motion
-    imposed on each candidate of a rollout (0 = off): a shift in x, a shift in y and a zoom
-    (measured at the image edge), added to the warp head's affine flow of every frame of the
-    candidate's clip (:func:`wc_fast.rollout.warp_exploration_offsets`). The update trains the
-    model without the offset toward the candidates that scored well, so it distils the camera
-    motion that followed the command: exploration in motion, where the noise alone moves the
-    candidates of a group alike. Needs the embedded model with ``prediction="warp"`` and the
-    NFT update (an offset the policy does not model has no log-probability for GRPO).
-
-    ``action_exploration``: the same exploration through the model's action conditioning, for
-    any backbone: each candidate's movement-key intensities (1 for a pressed key, 0 for the
-    others) get an offset per key drawn from a normal of this standard deviation, held over the
-    clip (:class:`wc_fast.rollout.MotionExploration`; 0 = off). The history and the update see
-    the commanded keys alone. With ``train.update flow_grpo`` the recorded SDE steps are scored
-    again under the commanded keys, so the PPO ratio starts at 1 as an on-policy one does.
-    """
-
-    group_size: int = 16
-    groups_per_rank: int = 1
-    num_clips: int = 4
-    steps: int = 40
-    shift: float = 5.0
-    mode: RolloutMode = "clip"
-    exploration: Exploration = "noise"
-    sde_noise: float = 0.7
-    composite_fraction: float = 0.5
-    composite_keys: tuple[int, ...] = (2, 3, 4)
-    capture: Capture = "auto"
-    noise_warp: float = 0.0
-    warp_exploration: float = 0.0
-    action_exploration: float = 0.0
+    group_size: int = field(default=16, metadata={"help": (
+        "candidates per group (one group per command and history)")})
+    groups_per_rank: int = field(default=1, metadata={"help": (
+        "groups each rank rolls out per iteration (the update's batch)")})
+    num_clips: int = field(default=4, metadata={"help": (
+        "clips per training sequence: iteration k trains clip (k mod num_clips) + 1, given "
+        "the clips before it (progressive schedule)")})
+    steps: int = field(default=40, metadata={"help": "sampler steps per clip"})
+    shift: float = field(default=5.0, metadata={"help": (
+        "time shift of the sampler's sigma schedule (> 0)")})
+    mode: RolloutMode = field(default="clip", metadata={"help": (
+        "clip: the history is generated once and every candidate generates only the trained "
+        "clip (clip-level); sample: every candidate generates its whole sequence "
+        "(sample-level)")})
+    exploration: Exploration = field(default="noise", metadata={"help": (
+        "noise: each candidate from its own initial noise with the deterministic ODE sampler "
+        "(WorldCompass); sde: one shared initial noise and fresh noise at every step "
+        "(DanceGRPO / Flow-GRPO exploration), at rollout.sde_noise")})
+    sde_noise: float = field(default=0.7, metadata={"help": (
+        "noise level in [0, 1] of the SDE sampler (rollout.exploration sde and train.update "
+        "flow_grpo)")})
+    composite_fraction: float = field(default=0.5, metadata={"help": (
+        "fraction of the training clips that command a key combination, one pressing a "
+        "number of keys in rollout.composite_keys")})
+    composite_keys: tuple[int, ...] = field(default=(2, 3, 4), metadata={"help": (
+        "the numbers of keys a key combination presses (a non-empty subset of 2, 3, 4)")})
+    capture: Capture = field(default="auto", metadata={"help": (
+        "how the sampler runs: eager (the reference), compile (torch.compile of one step; "
+        "reduce-overhead on CUDA), cuda_graph (the whole step loop captured once per shape "
+        "and replayed), auto (cuda_graph on CUDA, eager on CPU)")})
+    noise_warp: float = field(default=0.0, metadata={"help": (
+        "strength a in [0, 1] of noise-warped initial noise (0 = off; World-R1's camera "
+        "conditioning after Go-with-the-Flow, docs/design.md section 4.2). Frames 2..F of "
+        "every sampled clip's initial noise are sqrt(1 - a^2) fresh + a warped, where warped "
+        "is the previous frame's noise moved along the image flow of the commanded camera "
+        "motion (wc_fast.noise_warp); every element stays a standard normal and frame 1 (with "
+        "its motion latents) is left as drawn")})
+    warp_exploration: float = field(default=0.0, metadata={"help": (
+        "standard deviation, in pixels per frame, of a random camera motion imposed on each "
+        "candidate of a rollout (0 = off): a shift in x, a shift in y and a zoom (measured at "
+        "the image edge), added to the warp head's affine flow of every frame of the "
+        "candidate's clip (wc_fast.rollout.warp_exploration_offsets). The update trains the "
+        "model without the offset toward the candidates that scored well, so it distils the "
+        "camera motion that followed the command: exploration in motion, where the noise "
+        "alone moves the candidates of a group alike. Needs the embedded model with "
+        "model.prediction warp and the NFT update (an offset the policy does not model has no "
+        "log-probability for GRPO)")})
+    action_exploration: float = field(default=0.0, metadata={"help": (
+        "the same exploration through the model's action conditioning, for any backbone: "
+        "each candidate's movement-key intensities (1 for a pressed key, 0 for the others) "
+        "get an offset per key drawn from a normal of this standard deviation, held over the "
+        "clip (wc_fast.rollout.MotionExploration; 0 = off). The history and the update see "
+        "the commanded keys alone. With train.update flow_grpo the recorded SDE steps are "
+        "scored again under the commanded keys, so the PPO ratio starts at 1 as an on-policy "
+        "one does")})
 
 
 @dataclass(slots=True)
 class RewardConfig:
-    """IF and VQ rewards and how they become advantages.
+    """IF (interaction following) and VQ (visual quality) rewards and how they become
+    advantages (docs/design.md sections 4-6)."""
 
-    ``if_kind``: ``label`` is the paper's IF (label accuracy, best translation threshold);
-    ``soft`` its smooth version (:func:`wc_fast.rewards.motion_spread.soft_interaction_score`,
-    at the smallest translation threshold), which ranks near misses above clear misses;
-    ``action`` the fraction of frames whose translation AND rotation labels are both right (the
-    evaluation's action accuracy, read by the reward estimator): the label IF gives half credit
-    for one of a combination's two keys, so it also rewards giving up the harder key;
-    ``trajectory`` World-R1's continuous reward ``exp(-(a e_t + b e_R))`` of the per-frame pose
-    errors against the commanded motion, ``(a, b) = trajectory_weights``
-    (:func:`wc_fast.rewards.interaction.trajectory_score`).
-
-    ``critic``: which embedded critic scores VQ (:func:`wc_fast.rewards.load_critic`):
-    ``reward``, trained on degraded renders, or ``eval``, the one ``python -m wc_fast.eval``
-    grades with (also trained on the base model's own generations), for studies of rewarding
-    with the judge itself.
-
-    Periodic decoupled training (World-R1, docs/design.md section 4.2): with
-    ``decouple_every = K > 0``, the last ``decouple_length = P`` iterations of every ``K``
-    (iteration ``k`` with ``k mod K >= K - P``) suspend the IF reward, take their advantages
-    from VQ alone (as ``kind = "vq"``) and roll out high-motion prompts: sequences whose every
-    clip presses at least ``decouple_min_keys`` keys (drawn as key combinations of the
-    ``rollout.composite_keys`` counts that reach it when it is 2 or more), so the update
-    keeps the quality of moving views instead of rewarding a still camera.
-    """
-
-    lam: float = 2.0 / 3.0
-    Z: float = 2.0
-    std: StdMode = "group"
-    kind: RewardKind = "both"
-    if_kind: IfKind = "label"
-    trajectory_weights: tuple[float, ...] = (1.0, 1.0)
-    rot_threshold_deg: float = 1.0
-    trans_thresholds: tuple[float, ...] = (0.01, 0.02, 0.03, 0.04, 0.05)
-    vq_stride: int = 4
-    vq_mode: VqMode = "stride"
-    critic: CriticKind = "reward"
-    decouple_every: int = 0
-    decouple_length: int = 1
-    decouple_min_keys: int = 2
+    lam: float = field(default=2.0 / 3.0, metadata={"help": (
+        "weight in [0, 1] of IF in the combined advantage A = lam a_IF + (1 - lam) a_VQ")})
+    Z: float = field(default=2.0, metadata={"help": (
+        "scale of the optimality r = 1/2 + 1/2 clip(A / Z, -1, 1)")})
+    std: StdMode = field(default="group", metadata={"help": (
+        "what each reward's advantage is divided by: the unbiased std of its group (group, "
+        "the paper) or over every group on every rank (global, the official code)")})
+    kind: RewardKind = field(default="both", metadata={"help": (
+        "which rewards make the advantage: both, if (IF alone) or vq (VQ alone)")})
+    if_kind: IfKind = field(default="label", metadata={"help": (
+        "label: the paper's IF (label accuracy, best translation threshold). soft: its smooth "
+        "version (wc_fast.rewards.motion_spread.soft_interaction_score, at the smallest "
+        "translation threshold), which ranks near misses above clear misses. action: the "
+        "fraction of frames whose translation AND rotation labels are both right (the "
+        "evaluation's action accuracy, read by the reward estimator); the label IF gives half "
+        "credit for one of a combination's two keys, so it also rewards giving up the harder "
+        "key. trajectory: World-R1's continuous reward exp(-(a e_t + b e_R)) of the per-frame "
+        "pose errors against the commanded motion, (a, b) = reward.trajectory_weights "
+        "(wc_fast.rewards.interaction.trajectory_score)")})
+    trajectory_weights: tuple[float, ...] = field(default=(1.0, 1.0), metadata={"help": (
+        "(a, b): the weights of the translation and rotation errors in the trajectory IF "
+        "(two numbers >= 0)")})
+    rot_threshold_deg: float = field(default=1.0, metadata={"help": (
+        "yaw or pitch (degrees per frame) above which a frame is labelled as turning")})
+    trans_thresholds: tuple[float, ...] = field(default=(0.01, 0.02, 0.03, 0.04, 0.05),
+                                                metadata={"help": (
+        "translations per frame above which a frame is labelled as moving; the label IF "
+        "takes the best of them")})
+    vq_stride: int = field(default=4, metadata={"help": (
+        "VQ scores every vq_stride-th new frame of a candidate")})
+    vq_mode: VqMode = field(default="stride", metadata={"help": (
+        "stride (paper): the critic's mean score over the strided frames; drift (official "
+        "code): that mean minus the score of the first (context) frame")})
+    critic: CriticKind = field(default="reward", metadata={"help": (
+        "which embedded critic scores VQ (wc_fast.rewards.load_critic): reward, trained on "
+        "degraded renders, or eval, the one python -m wc_fast.eval grades with (also trained "
+        "on the base model's own generations), for studies of rewarding with the judge "
+        "itself")})
+    decouple_every: int = field(default=0, metadata={"help": (
+        "periodic decoupled training (World-R1, docs/design.md section 4.2), 0 = off: with "
+        "decouple_every = K > 0, the last decouple_length = P iterations of every K "
+        "(iteration k with k mod K >= K - P) suspend the IF reward, take their advantages "
+        "from VQ alone (as reward.kind vq) and roll out high-motion prompts, so the update "
+        "keeps the quality of moving views instead of rewarding a still camera")})
+    decouple_length: int = field(default=1, metadata={"help": (
+        "P: the VQ-only iterations at the end of every reward.decouple_every")})
+    decouple_min_keys: int = field(default=2, metadata={"help": (
+        "keys every clip of a decoupled iteration's prompts presses at least (drawn as key "
+        "combinations of the rollout.composite_keys counts that reach it when it is 2 or "
+        "more)")})
 
 
 @dataclass(slots=True)
 class NFTConfig:
-    """The negative-aware fine-tuning loss and what it is computed on.
+    """WorldCompass's negative-aware fine-tuning update (``train.update nft``): which
+    candidates it keeps, its loss, and how the train phase runs (also for ``flow_grpo``)."""
 
-    ``compile``: run the current and old models' velocity in the train phase through
-    ``torch.compile`` (fuses the per-element work around the matmuls, forward and backward).
-    It makes the train phase about 1.3x faster on CPU after minutes of compiling in the first
-    iterations (the history length changes with the clip index, so there is one recompile);
-    the compiled graphs are cached on disk for the next run. Timings in docs/experiment_log.md.
-
-    ``latent_pairing`` (models with motion latents): ``"fresh"`` (default) gives the model the
-    latents of each noisy clip's fresh training noise, as the forward process draws them, so
-    positives and negatives teach every latent which motions to produce and to avoid.
-    ``"own"`` trains each kept candidate with the latents it was generated from, written into
-    its training noise as pretraining does; the model then already knows the candidate's
-    motion, and the update has almost no motion to learn (``tests/test_learnability.py``).
-    """
-
-    beta: float = 1.0
-    loss_space: LossSpace = "velocity"
-    keep: int = 3
-    timestep_fraction: float = 0.5
-    old_prediction: OldPrediction = "old_model"
-    context_kv: ContextKv = "recompute"
-    micro_batch: int = 0
-    compile: bool = False
-    latent_pairing: LatentPairing = "fresh"
+    beta: float = field(default=1.0, metadata={"help": (
+        "the NFT loss's beta (> 0; docs/design.md section 7)")})
+    loss_space: LossSpace = field(default="velocity", metadata={"help": (
+        "space the NFT loss is computed in: velocity (paper) or x0 with the adaptive weight "
+        "of docs/design.md section 7 (official code)")})
+    keep: int = field(default=3, metadata={"help": (
+        "candidates kept per group: this many with the highest advantage and as many with "
+        "the lowest (2 * keep <= rollout.group_size)")})
+    timestep_fraction: float = field(default=0.5, metadata={"help": (
+        "each kept candidate is trained at ceil(timestep_fraction T) distinct sigmas of the "
+        "T-step schedule, each with fresh noise")})
+    old_prediction: OldPrediction = field(default="old_model", metadata={"help": (
+        "v_old of the loss: the old model's prediction (old_model, the paper) or the current "
+        "model's, detached (detached_current, the official code: a plain weighted "
+        "flow-matching loss without the old model's forward)")})
+    context_kv: ContextKv = field(default="recompute", metadata={"help": (
+        "the history cache the current model predicts over: recompute (built again by the "
+        "current model, without gradient), recompute_grad (built again with gradient through "
+        "it), reuse (the old model's cache from the rollout)")})
+    micro_batch: int = field(default=0, metadata={"help": (
+        "noisy clips per forward and backward of the train phase (0 = automatic: all on "
+        "CUDA, 32 on CPU)")})
+    compile: bool = field(default=False, metadata={"help": (
+        "run the current and old models' velocity in the train phase through torch.compile "
+        "(fuses the per-element work around the matmuls, forward and backward): about 1.3x "
+        "faster on CPU after minutes of compiling in the first iterations (the history length "
+        "changes with the clip index, so there is one recompile); the compiled graphs are "
+        "cached on disk for the next run. Timings in docs/experiment_log.md")})
+    latent_pairing: LatentPairing = field(default="fresh", metadata={"help": (
+        "models with motion latents. fresh: the model gets the latents of each noisy clip's "
+        "fresh training noise, as the forward process draws them, so positives and negatives "
+        "teach every latent which motions to produce and to avoid. own: each kept candidate "
+        "is trained with the latents it was generated from, written into its training noise "
+        "as pretraining does; the model then already knows the candidate's motion, and the "
+        "update has almost no motion to learn (tests/test_learnability.py)")})
 
 
 @dataclass(slots=True)
 class GRPOConfig:
     """Flow-GRPO / DanceGRPO's update, used with ``train.update flow_grpo`` (docs/design.md
-    section 4.1). Defaults are Flow-GRPO's (``yifan123/flow_grpo``, ``config/base.py``).
+    section 4.1); defaults are Flow-GRPO's (``yifan123/flow_grpo``, ``config/base.py``).
 
     The old model samples every candidate with the flow-matching SDE at noise level
     ``rollout.sde_noise`` and records each stochastic step's log-probability; the update is the
     PPO-clipped ratio of the current model's log-probability of that step to the recorded one,
-    times the candidate's group advantage clipped to ``+-adv_clip_max``
-    (:func:`wc_kernels.grpo_sde_loss`), plus ``kl_beta`` times the KL to the initial model
-    (kept, frozen, only when ``kl_beta > 0``).
-
-    ``timestep_fraction``: the share of a candidate's stochastic steps it is trained on (a
-    random subset per candidate). ``window``: 0 injects noise at every step but the last; N > 0
-    (Flow-GRPO-Fast) only at N consecutive steps placed at random per group, with ODE steps
-    elsewhere, and trains all N (``timestep_fraction`` is then unused). ``same_noise``: every
-    candidate of a group starts from one initial noise (DanceGRPO) instead of its own
-    (Flow-GRPO). The train phase's execution settings in section ``nft`` (``context_kv``,
-    ``micro_batch``, ``compile``) apply to this update too.
-
-    ``on_policy``: the model that samples is the current one after every update, as in
-    Flow-GRPO, so the PPO ratio of each update starts at 1 (an EMA sampler's log-probabilities
-    differ from the current model's by more than the 1e-4 clip range, and the clipped surrogate
-    then passes almost no gradient). ``False`` samples with the EMA old model of section ``ema``.
+    times the candidate's group advantage (:func:`wc_kernels.grpo_sde_loss`). The train phase's
+    execution settings in section ``nft`` (``context_kv``, ``micro_batch``, ``compile``) apply.
     """
 
-    clip_range: float = 1e-4
-    adv_clip_max: float = 5.0
-    kl_beta: float = 0.0
-    timestep_fraction: float = 1.0
-    window: int = 0
-    same_noise: bool = False
-    on_policy: bool = True
+    clip_range: float = field(default=1e-4, metadata={"help": (
+        "PPO clip range of the probability ratio, in [0, 1)")})
+    adv_clip_max: float = field(default=5.0, metadata={"help": (
+        "each candidate's group advantage is clipped to +-adv_clip_max")})
+    kl_beta: float = field(default=0.0, metadata={"help": (
+        "weight of the KL to the initial model (kept, frozen, only when kl_beta > 0)")})
+    timestep_fraction: float = field(default=1.0, metadata={"help": (
+        "the share of a candidate's stochastic steps it is trained on (a random subset per "
+        "candidate); unused with grpo.window > 0")})
+    window: int = field(default=0, metadata={"help": (
+        "0 injects noise at every step but the last; N > 0 (Flow-GRPO-Fast) only at N "
+        "consecutive steps placed at random per group, with ODE steps elsewhere, and trains "
+        "all N")})
+    same_noise: bool = field(default=False, metadata={"help": (
+        "every candidate of a group starts from one initial noise (DanceGRPO) instead of its "
+        "own (Flow-GRPO)")})
+    on_policy: bool = field(default=True, metadata={"help": (
+        "the model that samples is the current one after every update, as in Flow-GRPO, so "
+        "the PPO ratio of each update starts at 1 (an EMA sampler's log-probabilities differ "
+        "from the current model's by more than the 1e-4 clip range, and the clipped surrogate "
+        "then passes almost no gradient); false samples with the EMA old model of section "
+        "ema")})
 
 
 @dataclass(slots=True)
 class OptimConfig:
-    """``muon``: Muon on the hidden 2-D weights and AdamW on the rest (embeddings, output
-    heads, norms and biases, which Muon is not meant for); ``adamw``: AdamW on everything.
+    """The RL update's optimizer and which weights it trains."""
 
-    ``trainable``: which weights RL updates. ``all``, as the paper; ``conditioning``, only the
-    pathway from the command to the network (the model's ``conditioning_parameters()``: action
-    and motion embeddings and every adaLN modulation). A small update batch's gradient is mostly
-    the candidates' appearance, which says nothing about the reward; frozen weights cannot soak
-    it up, so the update changes what each command does and little else (measured in
-    docs/experiment_log.md).
-    """
-
-    optimizer: Optimizer = "muon"
-    trainable: Trainable = "all"
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    grad_clip: float = 0.0
-    updates_per_iteration: int = 1
+    optimizer: Optimizer = field(default="muon", metadata={"help": (
+        "muon: Muon on the hidden 2-D weights and AdamW on the rest (embeddings, output "
+        "heads, norms and biases, which Muon is not meant for); adamw: AdamW on everything")})
+    trainable: Trainable = field(default="all", metadata={"help": (
+        "which weights RL updates. all, as the paper; conditioning, only the pathway from the "
+        "command to the network (the model's conditioning_parameters(): action and motion "
+        "embeddings and every adaLN modulation). A small update batch's gradient is mostly the "
+        "candidates' appearance, which says nothing about the reward; frozen weights cannot "
+        "soak it up, so the update changes what each command does and little else (measured "
+        "in docs/experiment_log.md)")})
+    lr: float = field(default=1e-5, metadata={"help": "learning rate (> 0)"})
+    weight_decay: float = field(default=0.0, metadata={"help": "decoupled weight decay"})
+    grad_clip: float = field(default=0.0, metadata={"help": (
+        "maximum gradient norm (0 = off)")})
+    updates_per_iteration: int = field(default=1, metadata={"help": (
+        "optimizer steps per iteration, the kept candidates shuffled and split between them "
+        "(three in the official code)")})
 
 
 @dataclass(slots=True)
 class EMAConfig:
     """Old-model EMA decay schedule (see :func:`wc_fast.ema.ema_decay`)."""
 
-    schedule: EmaSchedule = "linear"
-    start: float = 0.4
-    end: float = 0.8
+    schedule: EmaSchedule = field(default="linear", metadata={"help": (
+        "linear: from ema.start to ema.end over the run (paper); official: min(0.9, 0.2 + "
+        "0.01 k); constant: ema.start")})
+    start: float = field(default=0.4, metadata={"help": (
+        "decay at the first iteration (linear), or throughout (constant)")})
+    end: float = field(default=0.8, metadata={"help": "decay at the last iteration (linear)"})
 
 
 @dataclass(slots=True)
 class TrainConfig:
-    """Run length, seeds, output and checkpointing.
+    """The RL run: length, seeds, device, output, checkpointing, safety guards and logging."""
 
-    ``max_bad_updates``: an update whose loss or gradient holds a NaN or inf is skipped and
-    counted; this many in a row stop the run with an error, after a checkpoint of the last good
-    state.
-
-    ``max_update_ratio``: an optimizer step whose change of the trained weights has a norm
-    above this multiple of their norm before it (both over all trained weights), or that leaves
-    a weight NaN or inf, is undone and counted as a skipped update like a NaN one (a finite
-    blow-up, e.g. a far too large ``optim.lr``, instead of checkpointed as healthy). 0 = off:
-    the guard keeps one copy of the trained weights while each step is checked.
-
-    ``update``: the policy update. ``nft`` is WorldCompass's negative-aware fine-tuning of the
-    kept candidates (section ``nft``); ``flow_grpo`` the Flow-GRPO / DanceGRPO update of every
-    candidate at its recorded SDE steps (section ``grpo``).
-
-    ``loggers``: where each iteration's metrics go: ``jsonl`` (``metrics.jsonl``, always: resume
-    and the plots read it), ``tensorboard`` (event files under ``tensorboard/`` in
-    ``train.out``; needs the ``tensorboard`` extra) and ``wandb`` (a Weights & Biases run,
-    offline unless an API key is configured; needs the ``wandb`` extra). Both trackers also get
-    the resolved config and the reward and rollout plots, under torchtitan-style metric names
-    (``wc_fast.metrics.TAGS``).
-    """
-
-    steps: int = 100
-    seed: int = 0
-    out: str = "runs/wc_fast"
-    device: Device = "auto"
-    ckpt_every: int = 10
-    keep_last: int = 2
-    distributed: Distributed = "ddp"
-    eval_at_end: bool = True
-    init: str = "base"
-    eval_sequences: int = 8
-    eval_clips: int = 3
-    max_bad_updates: int = 3
-    max_update_ratio: float = 1.0
-    loggers: tuple[str, ...] = ("jsonl",)
-    update: Update = "nft"
-
-
-@dataclass(slots=True)
-class PretrainConfig:
-    """Flow-matching pretraining of an embedded world model (``python -m wc_fast.pretrain``,
-    ``--base tiny`` or ``--base wan``).
-
-    ``max_minutes``: a wall-clock budget (0 = none); the run stops after the step that spends
-    it, checkpoints and exports, and the card records the steps it ran. ``init``: exported
-    weights (``.safetensors`` with its card) to start from instead of a random model.
-    """
-
-    steps: int = 3000
-    batch_size: int = 8
-    num_clips: int = 3
-    lr: float = 5e-4
-    weight_decay: float = 0.01
-    warmup: int = 100
-    grad_clip: float = 1.0
-    ema: float = 0.995
-    composite_fraction: float = 0.1
-    seed: int = 0
-    out: str = "runs/pretrain"
-    ckpt_every: int = 200
-    eval_every: int = 500
-    keep_last: int = 2
-    max_minutes: float = 0.0
-    init: str = ""
+    steps: int = field(default=100, metadata={"help": "RL iterations"})
+    seed: int = field(default=0, metadata={"help": "seed of every random stream of the run"})
+    out: str = field(default="runs/wc_fast", metadata={"help": (
+        "output directory: checkpoints, metrics.jsonl, plots")})
+    device: Device = field(default="auto", metadata={"help": "auto (CUDA when there is one), "
+                                                              "cpu or cuda"})
+    ckpt_every: int = field(default=10, metadata={"help": "iterations between checkpoints"})
+    keep_last: int = field(default=2, metadata={"help": "checkpoints kept"})
+    distributed: Distributed = field(default="ddp", metadata={"help": (
+        "multi-process runs: ddp all-reduces gradients; fsdp2 shards the current and old "
+        "models (torch.distributed.fsdp.fully_shard)")})
+    eval_at_end: bool = field(default=True, metadata={"help": (
+        "evaluate the trained model on the held-out sets at the end (embedded tiny model "
+        "only)")})
+    init: str = field(default="base", metadata={"help": (
+        "the weights RL starts from: base (the shipped base model, or the backbone in "
+        "model.path), random (a new model) or a path to exported weights")})
+    eval_sequences: int = field(default=8, metadata={"help": (
+        "sequences per set in the end-of-run evaluation")})
+    eval_clips: int = field(default=3, metadata={"help": (
+        "clips per sequence in the end-of-run evaluation")})
+    max_bad_updates: int = field(default=3, metadata={"help": (
+        "an update whose loss or gradient holds a NaN or inf is skipped and counted; this "
+        "many in a row stop the run with an error, after a checkpoint of the last good "
+        "state")})
+    max_update_ratio: float = field(default=1.0, metadata={"help": (
+        "an optimizer step whose change of the trained weights has a norm above this multiple "
+        "of their norm before it (both over all trained weights), or that leaves a weight NaN "
+        "or inf, is undone and counted as a skipped update like a NaN one (a finite blow-up, "
+        "e.g. a far too large optim.lr, instead of checkpointed as healthy). 0 = off: the "
+        "guard keeps one copy of the trained weights while each step is checked")})
+    loggers: tuple[str, ...] = field(default=("jsonl",), metadata={"help": (
+        "where each iteration's metrics go: jsonl (metrics.jsonl, always: resume and the "
+        "plots read it), tensorboard (event files under tensorboard/ in train.out; needs the "
+        "tensorboard extra), wandb (a Weights & Biases run, offline unless an API key is "
+        "configured; needs the wandb extra). Both trackers also get the resolved config and "
+        "the reward and rollout plots, under torchtitan-style metric names "
+        "(wc_fast.metrics.TAGS)")})
+    update: Update = field(default="nft", metadata={"help": (
+        "the policy update: nft, WorldCompass's negative-aware fine-tuning of the kept "
+        "candidates (section nft); flow_grpo, the Flow-GRPO / DanceGRPO update of every "
+        "candidate at its recorded SDE steps (section grpo)")})
 
 
 @dataclass(slots=True)
 class Config:
-    """A whole run."""
+    """A whole RL run (``python -m wc_fast.train``)."""
 
     preset: str = "paper"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -419,10 +446,65 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+
+@dataclass(slots=True)
+class PretrainConfig:
+    """Flow-matching pretraining of an embedded world model (``python -m wc_fast.pretrain``,
+    ``--base tiny`` or ``--base wan``)."""
+
+    steps: int = field(default=3000, metadata={"help": "optimizer steps"})
+    batch_size: int = field(default=8, metadata={"help": "sequences per step"})
+    num_clips: int = field(default=3, metadata={"help": (
+        "clips per sequence, all denoised in one teacher-forced forward")})
+    lr: float = field(default=5e-4, metadata={"help": (
+        "AdamW learning rate, after a linear warmup, then constant")})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    warmup: int = field(default=100, metadata={"help": "steps of linear learning-rate warmup"})
+    grad_clip: float = field(default=1.0, metadata={"help": "maximum gradient norm (0 = off)"})
+    ema: float = field(default=0.995, metadata={"help": (
+        "decay in [0, 1) of the EMA weights that are evaluated and exported")})
+    composite_fraction: float = field(default=0.1, metadata={"help": (
+        "fraction of the sequences' clips that command a key combination (mostly basic "
+        "keys, as WorldPlay's data)")})
+    seed: int = field(default=0, metadata={"help": (
+        "seed of the model's initialisation, the rendered batches and the noise")})
+    out: str = field(default="runs/pretrain", metadata={"help": (
+        "output directory: checkpoints, base_model.safetensors and its card, loss.jsonl")})
+    ckpt_every: int = field(default=200, metadata={"help": "steps between checkpoints"})
+    eval_every: int = field(default=500, metadata={"help": (
+        "steps between scores of the live and EMA models on a fixed held-out batch")})
+    keep_last: int = field(default=2, metadata={"help": "checkpoints kept"})
+    max_minutes: float = field(default=0.0, metadata={"help": (
+        "a wall-clock budget (0 = none); the run stops after the step that spends it, "
+        "checkpoints and exports, and the card records the steps it ran")})
+    init: str = field(default="", metadata={"help": (
+        "exported weights (.safetensors with its card) to start from instead of a random "
+        "model")})
+    shift: float = field(default=5.0, metadata={"help": (
+        "time shift of the training sigmas (> 0; the sampler's schedule passes through the "
+        "same shift, rollout.shift)")})
+    device: Device = field(default="auto", metadata={"help": "auto (CUDA when there is one), "
+                                                              "cpu or cuda"})
+
+
+@dataclass(slots=True)
+class PretrainRun:
+    """A whole pretraining run (``python -m wc_fast.pretrain``): the model it trains, and how.
+    Kept apart from :class:`Config`, so no pretraining field is part of an RL run."""
+
+    preset: str = "paper"
+    model: ModelConfig = field(default_factory=ModelConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
 
 
-SECTIONS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "preset")
+def sections(config_type: type) -> tuple[str, ...]:
+    """The section names of a run config class (:class:`Config` or :class:`PretrainRun`)."""
+    return tuple(f.name for f in dataclasses.fields(config_type) if f.name != "preset")
+
+
+SECTIONS = sections(Config)
+PRETRAIN_SECTIONS = sections(PretrainRun)
 
 
 def _paper() -> Config:
@@ -479,10 +561,6 @@ def _embedded_world(cfg: Config) -> Config:
     cfg.model.motion_latent = True
     # a linear keys-to-motion branch on the warp head (zero-initialised; RL trains it)
     cfg.model.pose_branch = True
-    # the shipped base model (docs/base_model.md): 3835 steps without motion latents (4.5 min
-    # on an H200), then 1500 with them from those weights; no key combinations at all
-    cfg.pretrain.steps = 1500
-    cfg.pretrain.composite_fraction = 0.0
     # the sampler steps the base model is evaluated with
     cfg.rollout.steps = 10
     # combinations of two keys, as WorldPlay's composite actions (forward + turn, ...)
@@ -636,15 +714,12 @@ def machine_preset(cuda: bool) -> str:
     return "gpu" if cuda else "cpu"
 
 
-def apply_base(cfg: Config, name: str) -> None:
-    """Set ``cfg``'s model (and its pretraining) to the embedded base world model ``name``:
-    ``tiny`` leaves the preset's :class:`~wc_fast.models.TinyWorldDiT`; ``wan`` selects the
-    embedded Wan world model (docs/base_model.md) at its shipped sizes, pretrained from scratch
-    on basic keys only for at most 55 minutes."""
+def _base_model(m: ModelConfig, name: str) -> bool:
+    """Set ``m`` to the embedded base world model ``name`` (:data:`BASES`); whether it changed
+    (``tiny`` leaves the preset's :class:`~wc_fast.models.TinyWorldDiT`)."""
     _choices("--base", name, BASES)
     if name == "tiny":
-        return
-    m, pt = cfg.model, cfg.pretrain
+        return False
     m.backbone, m.path, m.prompt_embeds = "wan", "", ""
     # 4x4 patches (48 values per token under a width of 128) and small, fast steps at a high
     # learning rate: the held-out loss fell fastest per CPU minute this way (docs/base_model.md)
@@ -654,10 +729,28 @@ def apply_base(cfg: Config, name: str) -> None:
     # history's attention alone and its frames stayed blurred (docs/base_model.md)
     m.reference_frame, m.prediction = True, "velocity"
     m.motion_latent = m.pose_branch = False
+    return True
+
+
+def apply_base(cfg: Config, name: str) -> None:
+    """Set an RL run's model to the embedded base world model ``name``: ``tiny`` leaves the
+    preset's; ``wan`` selects the embedded Wan world model (docs/base_model.md) at its shipped
+    sizes, without what only the tiny model has."""
+    if not _base_model(cfg.model, name):
+        return
     # the warp exploration moves the tiny model's warp head; the end-of-run evaluation
     # evaluates the tiny model
     cfg.rollout.warp_exploration = 0.0
     cfg.train.eval_at_end = False
+
+
+def apply_pretrain_base(run: PretrainRun, name: str) -> None:
+    """Set a pretraining run's model to the embedded base world model ``name`` (as
+    :func:`apply_base`) and, for ``wan``, its pretraining: from scratch on basic keys only
+    for at most 55 minutes."""
+    if not _base_model(run.model, name):
+        return
+    pt = run.pretrain
     pt.composite_fraction = 0.0
     pt.batch_size, pt.num_clips, pt.lr = 4, 2, 1e-3
     pt.steps = 100_000
@@ -670,6 +763,27 @@ def build_preset(name: str) -> Config:
     if name not in _BUILDERS:
         raise ValueError(f"unknown preset {name!r}; expected one of {PRESETS}")
     return _BUILDERS[name]()
+
+
+def _shipped_base_pretraining(pt: PretrainConfig) -> None:
+    """The pretraining of the shipped base model (docs/base_model.md): 3835 steps without
+    motion latents (4.5 min on an H200), then 1500 with them from those weights; no key
+    combinations at all."""
+    pt.steps = 1500
+    pt.composite_fraction = 0.0
+
+
+# presets of the shipped embedded world (_embedded_world), whose pretraining made its base
+EMBEDDED_WORLD_PRESETS = ("cpu", "gpu")
+
+
+def build_pretrain_run(name: str) -> PretrainRun:
+    """A fresh pretraining config for preset ``name``, not yet validated: the preset's model,
+    and the pretraining of the shipped base model for the presets of the embedded world."""
+    run = PretrainRun(preset=name, model=build_preset(name).model)
+    if name in EMBEDDED_WORLD_PRESETS:
+        _shipped_base_pretraining(run.pretrain)
+    return run
 
 
 def preset(name: str) -> Config:
@@ -705,12 +819,22 @@ def _parse_value(path: str, kind: object, text: str) -> object:
     raise TypeError(f"--{path}: unsupported field type {kind}")
 
 
-def apply_override(cfg: Config, path: str, text: str) -> None:
+# where a section of the other entry point's config belongs, for the error that names it
+_OTHER_RUN = {"pretrain": "python -m wc_fast.pretrain",
+              **{name: "python -m wc_fast.train" for name in SECTIONS
+                 if name not in PRETRAIN_SECTIONS}}
+
+
+def apply_override(cfg: Config | PretrainRun, path: str, text: str) -> None:
     """Set ``section.field`` of ``cfg`` from its command-line text, e.g. ``rollout.steps=8``."""
     parts = path.split(".")
-    if len(parts) != 2 or parts[0] not in SECTIONS:
+    names = sections(type(cfg))
+    if len(parts) == 2 and parts[0] not in names and parts[0] in _OTHER_RUN:
+        raise ValueError(f"config field {path!r} belongs to {_OTHER_RUN[parts[0]]}; this run's "
+                         f"sections are {names}")
+    if len(parts) != 2 or parts[0] not in names:
         raise ValueError(f"unknown config field {path!r}; expected section.field with section "
-                         f"in {SECTIONS}")
+                         f"in {names}")
     section = getattr(cfg, parts[0])
     types_ = _section_types(section)
     if parts[1] not in types_:
@@ -719,7 +843,7 @@ def apply_override(cfg: Config, path: str, text: str) -> None:
     setattr(section, parts[1], _parse_value(path, types_[parts[1]], text))
 
 
-def to_dict(cfg: Config) -> dict:
+def to_dict(cfg: Config | PretrainRun) -> dict:
     """Plain nested dict (JSON-serialisable) of ``cfg``."""
     return dataclasses.asdict(cfg)
 
@@ -728,15 +852,29 @@ def to_dict(cfg: Config) -> dict:
 # effect) or mapped to their current name
 RETIRED_FIELDS = ("train.log_every",)
 RENAMED_VALUES = {"optim.optimizer": {"muon_adamw": "muon"}}
+# sections that RL configs saved by earlier versions hold, dropped: the RL run's config held
+# the pretraining section until pretraining got its own config (PretrainRun)
+RETIRED_SECTIONS = ("pretrain",)
 
 
-def from_dict(data: dict) -> Config:
-    """Inverse of :func:`to_dict`; unknown sections or fields raise ``ValueError``."""
-    cfg = Config(preset=data.get("preset", "paper"))
+def is_pretrain_dict(data: dict) -> bool:
+    """Whether a saved config dict is a pretraining run's (:class:`PretrainRun`: its sections
+    and no other) rather than an RL run's."""
+    return "pretrain" in data and set(data) <= {"preset", *PRETRAIN_SECTIONS}
+
+
+def from_dict(data: dict) -> Config | PretrainRun:
+    """Inverse of :func:`to_dict`: a :class:`PretrainRun` for a pretraining run's dict
+    (:func:`is_pretrain_dict`), else a :class:`Config` (an RL config saved by an earlier
+    version may hold a :data:`RETIRED_SECTIONS` section, dropped). Unknown sections or fields
+    raise ``ValueError``."""
+    pretraining = is_pretrain_dict(data)
+    cfg = (PretrainRun if pretraining else Config)(preset=data.get("preset", "paper"))
+    names = sections(type(cfg))
     for name, values in data.items():
-        if name == "preset":
+        if name == "preset" or (not pretraining and name in RETIRED_SECTIONS):
             continue
-        if name not in SECTIONS:
+        if name not in names:
             raise ValueError(f"unknown config section {name!r}")
         section = getattr(cfg, name)
         types_ = _section_types(section)
@@ -751,7 +889,7 @@ def from_dict(data: dict) -> Config:
             if typing.get_origin(types_[key]) is tuple:
                 value = tuple(value)
             setattr(section, key, value)
-    validate(cfg)
+    (validate_pretrain_run if pretraining else validate)(cfg)
     return cfg
 
 
@@ -767,8 +905,8 @@ def _is_item(value: object, kind: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_types(cfg: Config) -> None:
-    for name in SECTIONS:
+def _check_types(cfg: Config | PretrainRun) -> None:
+    for name in sections(type(cfg)):
         _check_section_types(name, getattr(cfg, name))
 
 
@@ -887,14 +1025,12 @@ def _validate_decouple(cfg: Config) -> None:
              "prompts exist", rw.decouple_min_keys)
 
 
-def _validate_backbone(cfg: Config) -> None:
-    """``model.path`` only for a Wan backbone, and a Wan run uses only what is built for it:
-    no motion latents, no end-of-run evaluation (it evaluates the tiny model), no pose branch
-    (the tiny model's warp head). The embedded Wan model (empty ``model.path``) predicts the
-    velocity of pixel frames without a reference frame, and its head width must suit Wan's
-    3-D rotary embedding; a pretrained backbone (``model.path``) starts from its weights, and
-    LoRA adapts only it, where it decides what trains."""
-    m, tr = cfg.model, cfg.train
+def _validate_model_backbone(m: ModelConfig) -> None:
+    """``model.path`` only for a Wan or WorldPlay backbone, which needs one unless it is the
+    embedded Wan model, and such a model uses only what is built for it: no motion latents, no
+    pose branch (the tiny model's warp head). The embedded Wan model (empty ``model.path``)
+    predicts the velocity of pixel frames without a reference frame, and its head width must
+    suit Wan's 3-D rotary embedding."""
     _require(m.lora_rank >= 0, "model.lora_rank", "an integer >= 0 (0 = no LoRA)", m.lora_rank)
     _require(m.lora_alpha >= 0, "model.lora_alpha", ">= 0 (0 = the rank)", m.lora_alpha)
     if m.backbone == "tiny":
@@ -909,13 +1045,27 @@ def _validate_backbone(cfg: Config) -> None:
     _require(not m.motion_latent, f"model.motion_latent {with_backbone}", "false",
              m.motion_latent)
     _require(not m.pose_branch, f"model.pose_branch {with_backbone}", "false", m.pose_branch)
-    _require(not tr.eval_at_end, f"train.eval_at_end {with_backbone}", "false",
-             tr.eval_at_end)
     if m.backbone == "wan" and not m.path:
-        _validate_embedded_wan(cfg)
+        _validate_embedded_wan(m)
         return
     _require(bool(m.path), "model.path", f"a local model directory (transformer/ and vae/) "
              f"with model.backbone {m.backbone!r}", m.path)
+
+
+def _validate_backbone(cfg: Config) -> None:
+    """The model (:func:`_validate_model_backbone`), and what an RL run of a Wan or WorldPlay
+    backbone may ask: no end-of-run evaluation (it evaluates the tiny model); a pretrained
+    backbone (``model.path``) starts from its weights, and LoRA adapts only it, where it
+    decides what trains."""
+    m, tr = cfg.model, cfg.train
+    _validate_model_backbone(m)
+    if m.backbone == "tiny":
+        return
+    with_backbone = f"(with model.backbone {m.backbone})"
+    _require(not tr.eval_at_end, f"train.eval_at_end {with_backbone}", "false",
+             tr.eval_at_end)
+    if m.backbone == "wan" and not m.path:
+        return
     _require(tr.init == "base", f"train.init {with_backbone} and a model.path", "'base' (the "
              "backbone in model.path, with zero-initialised action layers)", tr.init)
     if m.lora_rank:
@@ -930,10 +1080,9 @@ def _validate_backbone(cfg: Config) -> None:
                  "'ddp'", tr.distributed)
 
 
-def _validate_embedded_wan(cfg: Config) -> None:
+def _validate_embedded_wan(m: ModelConfig) -> None:
     """The embedded Wan world model (``model.backbone wan``, empty ``model.path``); every error
     names both, since a missing ``model.path`` is the other way to fix it."""
-    m = cfg.model
     which = "(with the embedded Wan model: model.backbone wan and no model.path)"
     _require(m.prediction == "velocity", f"model.prediction {which}",
              "'velocity' (it has no warp head)", m.prediction)
@@ -1008,23 +1157,6 @@ def validate(cfg: Config) -> None:
     _require(op.grad_clip >= 0, "optim.grad_clip", ">= 0 (0 = off)", op.grad_clip)
     _require(0.0 <= em.start <= 1.0, "ema.start", "in [0, 1]", em.start)
     _require(0.0 <= em.end <= 1.0, "ema.end", "in [0, 1]", em.end)
-    pt = cfg.pretrain
-    for path, value in (("pretrain.steps", pt.steps), ("pretrain.batch_size", pt.batch_size),
-                        ("pretrain.num_clips", pt.num_clips), ("pretrain.ckpt_every",
-                                                               pt.ckpt_every),
-                        ("pretrain.eval_every", pt.eval_every),
-                        ("pretrain.keep_last", pt.keep_last)):
-        _require(value >= 1, path, "an integer >= 1", value)
-    _require(pt.lr > 0, "pretrain.lr", "> 0", pt.lr)
-    _require(pt.warmup >= 0, "pretrain.warmup", ">= 0", pt.warmup)
-    _require(pt.weight_decay >= 0, "pretrain.weight_decay", ">= 0", pt.weight_decay)
-    _require(pt.grad_clip >= 0, "pretrain.grad_clip", ">= 0 (0 = off)", pt.grad_clip)
-    _require(0.0 <= pt.ema < 1.0, "pretrain.ema", "in [0, 1)", pt.ema)
-    _require(pt.max_minutes >= 0, "pretrain.max_minutes", ">= 0 (0 = no limit)",
-             pt.max_minutes)
-    _require(0.0 <= pt.composite_fraction <= 1.0, "pretrain.composite_fraction", "in [0, 1]",
-             pt.composite_fraction)
-    _require(bool(pt.out), "pretrain.out", "a non-empty path", pt.out)
     if tr.distributed == "fsdp2":
         _choices("rollout.capture (with train.distributed fsdp2)", ro.capture,
                  ("auto", "eager"))
@@ -1048,3 +1180,45 @@ def validate(cfg: Config) -> None:
     _require("jsonl" in tr.loggers and set(tr.loggers) <= set(LOGGERS)
              and len(set(tr.loggers)) == len(tr.loggers), "train.loggers",
              f"distinct names from {LOGGERS} including 'jsonl'", tr.loggers)
+
+
+def validate_pretrain_run(run: PretrainRun) -> None:
+    """Raise ``ValueError`` naming the field for any impossible value of a pretraining run."""
+    _choices("preset", run.preset, PRESETS)
+    _check_types(run)
+    validate_model(run.model)
+    _validate_model_backbone(run.model)
+    pt = run.pretrain
+    for path, value in (("pretrain.steps", pt.steps), ("pretrain.batch_size", pt.batch_size),
+                        ("pretrain.num_clips", pt.num_clips), ("pretrain.ckpt_every",
+                                                               pt.ckpt_every),
+                        ("pretrain.eval_every", pt.eval_every),
+                        ("pretrain.keep_last", pt.keep_last)):
+        _require(value >= 1, path, "an integer >= 1", value)
+    _require(pt.lr > 0, "pretrain.lr", "> 0", pt.lr)
+    _require(pt.warmup >= 0, "pretrain.warmup", ">= 0", pt.warmup)
+    _require(pt.weight_decay >= 0, "pretrain.weight_decay", ">= 0", pt.weight_decay)
+    _require(pt.grad_clip >= 0, "pretrain.grad_clip", ">= 0 (0 = off)", pt.grad_clip)
+    _require(0.0 <= pt.ema < 1.0, "pretrain.ema", "in [0, 1)", pt.ema)
+    _require(pt.max_minutes >= 0, "pretrain.max_minutes", ">= 0 (0 = no limit)",
+             pt.max_minutes)
+    _require(0.0 <= pt.composite_fraction <= 1.0, "pretrain.composite_fraction", "in [0, 1]",
+             pt.composite_fraction)
+    _require(bool(pt.out), "pretrain.out", "a non-empty path", pt.out)
+    _require(pt.shift > 0, "pretrain.shift", "> 0", pt.shift)
+
+
+@dataclass(frozen=True, slots=True)
+class RunKind:
+    """What an entry point's command line configures: its config class, how a preset and
+    ``--base`` set it up, and its validation."""
+
+    config_type: type
+    build: Callable[[str], Any]  # preset name -> a fresh, unvalidated config
+    apply_base: Callable[[Any, str], None]
+    validate: Callable[[Any], None]
+
+
+RL_RUN = RunKind(Config, build_preset, apply_base, validate)
+PRETRAIN_RUN = RunKind(PretrainRun, build_pretrain_run, apply_pretrain_base,
+                       validate_pretrain_run)

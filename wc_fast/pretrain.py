@@ -12,7 +12,6 @@ base model follows single keys far better than combinations, like WorldPlay. Eve
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -41,13 +40,10 @@ from wc_fast.sampler import time_shift
 from wc_fast.world import Clips, batch_seed, sample_sequences
 from wc_kernels import flow_noise
 
-# fields that may change between an interrupted run and its resumption: bookkeeping, and
-# everything pretraining does not read (only model.*, pretrain.* and rollout.shift shape it)
+# fields that may change between an interrupted run and its resumption: bookkeeping
 RESUMABLE_CHANGES = ("pretrain.steps", "pretrain.out", "pretrain.ckpt_every",
                      "pretrain.eval_every", "pretrain.keep_last", "pretrain.max_minutes",
-                     *(s for s in config_lib.SECTIONS if s not in ("model", "pretrain", "rollout")),
-                     *(f"rollout.{f.name}" for f in dataclasses.fields(config_lib.RolloutConfig)
-                       if f.name != "shift"))
+                     "pretrain.device")
 
 
 def flow_matching_loss(model: EmbeddedModel, frames: torch.Tensor, actions: torch.Tensor, *,
@@ -120,7 +116,7 @@ def start_from(model: EmbeddedModel, path: str) -> None:
                          f"{new}, unexpected {unexpected})")
 
 
-def training_batches(cfg: config_lib.Config, start: int) -> Iterator[tuple[int, Clips]]:
+def training_batches(cfg: config_lib.PretrainRun, start: int) -> Iterator[tuple[int, Clips]]:
     """``(step, clips)`` of every step from ``start``: batch ``step`` is rendered from
     ``batch_seed(pretrain.seed, step)``, one step ahead on a background thread, so rendering
     (CPU) overlaps the model's step (on a GPU; torch ops release the GIL)."""
@@ -142,7 +138,7 @@ def training_batches(cfg: config_lib.Config, start: int) -> Iterator[tuple[int, 
             yield step, batch
 
 
-def held_out_batch(cfg: config_lib.Config) -> Clips:
+def held_out_batch(cfg: config_lib.PretrainRun) -> Clips:
     """One fixed batch that training never draws (its own world seed)."""
     pt = cfg.pretrain
     return sample_sequences(pt.batch_size, num_clips=pt.num_clips,
@@ -151,17 +147,17 @@ def held_out_batch(cfg: config_lib.Config) -> Clips:
                             clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
 
 
-def batch_loss(model: EmbeddedModel, batch: Clips, cfg: config_lib.Config,
+def batch_loss(model: EmbeddedModel, batch: Clips, cfg: config_lib.PretrainRun,
                gen: torch.Generator) -> Tensor:
     """:func:`flow_matching_loss` of a rendered batch on the model's device."""
     device = next(model.parameters()).device
     return flow_matching_loss(model, batch.frames.to(device), batch.actions.to(device),
-                              shift=cfg.rollout.shift, gen=gen,
+                              shift=cfg.pretrain.shift, gen=gen,
                               motion_factors=batch.motion_factors.to(device))
 
 
 @torch.no_grad()
-def held_out_losses(models: dict[str, EmbeddedModel], batch: Clips, cfg: config_lib.Config
+def held_out_losses(models: dict[str, EmbeddedModel], batch: Clips, cfg: config_lib.PretrainRun
                     ) -> dict[str, float]:
     """Flow-matching loss of each of ``models`` on the held-out ``batch`` with a fixed noise
     stream, so values at different steps are comparable."""
@@ -174,9 +170,9 @@ def held_out_losses(models: dict[str, EmbeddedModel], batch: Clips, cfg: config_
 def main(argv: Sequence[str] | None = None) -> int:
     """Check and lock ``pretrain.out`` (:mod:`wc_fast.run_dir`), then pretrain in it."""
     run = parse_run_args("python -m wc_fast.pretrain", "Pretrain an embedded world model.",
-                         argv, steps_field="pretrain.steps", out_field="pretrain.out",
-                         with_base=True)
-    resolve_device(run.config.train.device)
+                         argv, kind=config_lib.PRETRAIN_RUN, steps_field="pretrain.steps",
+                         out_field="pretrain.out", with_base=True)
+    resolve_device(run.config.pretrain.device, "pretrain.device")
     out = check_writable_dir(run.config.pretrain.out, "pretrain.out")
     with RunLock(out):
         claim(out, resume=run.resume, overwrite=run.overwrite)
@@ -185,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _pretrain(run: RunArgs) -> int:
     cfg, pt = run.config, run.config.pretrain
-    device = resolve_device(cfg.train.device)
+    device = resolve_device(pt.device, "pretrain.device")
     out = Path(pt.out)
     torch.manual_seed(pt.seed)
     model = new_world_model(cfg.model, seed=pt.seed).to(device)

@@ -7,12 +7,13 @@ import hashlib
 import torch
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU is an error."""
+def resolve_device(name: str, field: str = "train.device") -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU is an error naming
+    ``field``, the setting it came from."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device='cuda' but no CUDA device is available")
+        raise RuntimeError(f"{field}='cuda' but no CUDA device is available")
     return torch.device(name)
 
 

@@ -56,13 +56,14 @@ from wc_fast.telemetry import GpuTelemetry
 from wc_fast.trainer import NumericalFaultError, Trainer
 
 # fields that may differ between an interrupted run and its resumption (train.steps: a resumed
-# run may be extended, see _schedule_steps)
+# run may be extended, see _schedule_steps), and the sections a checkpoint written by an
+# earlier version may hold that the RL run never read
 RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last",
                      "train.eval_at_end", "train.device", "train.eval_sequences",
                      "train.eval_clips", "train.steps", "train.max_bad_updates",
                      "train.max_update_ratio",
                      "train.loggers", "rollout.capture", "nft.micro_batch",
-                     "model.activation_checkpointing")
+                     "model.activation_checkpointing", *config_lib.RETIRED_SECTIONS)
 # model fields that are choices of a run, not properties of the weights it starts from
 RUN_CHOICES = ("dtype", "activation_checkpointing")
 
