@@ -1029,8 +1029,8 @@ def _validate_model_backbone(m: ModelConfig) -> None:
     """``model.path`` only for a Wan or WorldPlay backbone, which needs one unless it is the
     embedded Wan model, and such a model uses only what is built for it: no motion latents, no
     pose branch (the tiny model's warp head). The embedded Wan model (empty ``model.path``)
-    predicts the velocity of pixel frames without a reference frame, and its head width must
-    suit Wan's 3-D rotary embedding."""
+    predicts the velocity of pixel frames, and its head width must suit Wan's 3-D rotary
+    embedding."""
     _require(m.lora_rank >= 0, "model.lora_rank", "an integer >= 0 (0 = no LoRA)", m.lora_rank)
     _require(m.lora_alpha >= 0, "model.lora_alpha", ">= 0 (0 = the rank)", m.lora_alpha)
     if m.backbone == "tiny":
@@ -1058,6 +1058,10 @@ def _validate_backbone(cfg: Config) -> None:
     backbone (``model.path``) starts from its weights, and LoRA adapts only it, where it
     decides what trains."""
     m, tr = cfg.model, cfg.train
+    if cfg.preset in NEEDS_MODEL_PATH:
+        # these presets size a real backbone; an empty path is not the embedded Wan model
+        _require(bool(m.path), "model.path", f"a local model directory with preset "
+                 f"{cfg.preset!r} (the embedded Wan model is --base wan)", m.path)
     _validate_model_backbone(m)
     if m.backbone == "tiny":
         return
