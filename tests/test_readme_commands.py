@@ -36,4 +36,4 @@ def test_the_command_list_has_train_commands():
 @pytest.mark.parametrize("args", train_commands())
 def test_readme_train_command_is_a_valid_config(args, tmp_path):
     argv = shlex.split(args.replace("[", "").replace("]", "").replace("DIR", str(tmp_path)))
-    parse_run_args("wc_fast.train", "", argv)  # exits with the config error if invalid
+    parse_run_args("wc_fast.train", "", argv, with_base=True)  # as wc_fast.train parses it
