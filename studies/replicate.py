@@ -341,7 +341,8 @@ def _speed_table(speed: dict) -> list[str]:
 # Sections of the doc measured by their own commands (each names it), kept on regeneration.
 KEPT_SECTIONS = ("## The base model under distance-to-truth measures",
                  "## Reserved evaluation seeds",
-                 "## The recipe on a second backbone: the embedded Wan world model")
+                 "## The recipe on a second backbone: the embedded Wan world model",
+                 "## The default recipe on the final evaluation seeds")
 
 
 def kept_sections(doc: Path) -> list[str]:
