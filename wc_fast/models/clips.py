@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from wc_fast.actions import NUM_ACTIONS
+from wc_fast.models.protocol import ContextCache
 from wc_kernels._checks import values_checkable
 
 Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -144,3 +145,23 @@ def sequence_reference(frames: Tensor, clip_frames: int) -> Tensor:
     t = frames.shape[1]
     index = ((torch.arange(1, t, device=frames.device) - 1) // clip_frames) * clip_frames
     return torch.cat([torch.zeros_like(frames[:, :1]), frames[:, index]], dim=1)
+
+
+def check_frames(name: str, frames: Tensor, clip_shape: tuple[int, ...]) -> None:
+    """``frames`` must be a floating tensor ``[B, F, C, H, W]`` whose ``(C, H, W)`` are those of
+    ``clip_shape`` ``(F, C, H, W)``."""
+    if not isinstance(frames, Tensor) or not frames.dtype.is_floating_point:
+        got = frames.dtype if isinstance(frames, Tensor) else type(frames).__name__
+        raise TypeError(f"{name} must be a floating-point tensor, got {got}")
+    c, h, w = clip_shape[1:]
+    if frames.dim() != 5 or tuple(frames.shape[2:]) != (c, h, w):
+        raise ValueError(f"{name} must have shape [B, F, {c}, {h}, {w}], got "
+                         f"{tuple(frames.shape)}")
+
+
+def check_cache(cache: ContextCache, signature: tuple) -> None:
+    """``cache`` must have been built by a model of ``signature``."""
+    if cache.signature != signature:
+        raise ValueError(f"cache was built by a model with sizes {cache.signature}, this "
+                         f"model has {signature}")
+

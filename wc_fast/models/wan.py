@@ -44,6 +44,8 @@ from wc_fast.models.clips import (
     Attend,
     check_action_offset,
     check_actions,
+    check_cache,
+    check_frames,
     chunk_reference,
     history_chunks,
     history_mask,
@@ -437,14 +439,7 @@ class WanWorldModel(nn.Module):
     # -- checks ------------------------------------------------------------------------------
 
     def _check_frames(self, name: str, frames: Tensor) -> None:
-        """``frames`` must be a floating tensor ``[B, F, C, H, W]`` of this model's latents."""
-        if not isinstance(frames, Tensor) or not frames.dtype.is_floating_point:
-            got = frames.dtype if isinstance(frames, Tensor) else type(frames).__name__
-            raise TypeError(f"{name} must be a floating-point tensor, got {got}")
-        c, h, w = self.clip_shape[1:]
-        if frames.dim() != 5 or tuple(frames.shape[2:]) != (c, h, w):
-            raise ValueError(f"{name} must have shape [B, F, {c}, {h}, {w}], got "
-                             f"{tuple(frames.shape)}")
+        check_frames(name, frames, self.clip_shape)
 
     def _check_sigma(self, sigma: Tensor, shape: tuple[int, ...]) -> None:
         """``sigma`` must be a floating tensor of ``shape``."""
@@ -455,9 +450,7 @@ class WanWorldModel(nn.Module):
             raise ValueError(f"sigma must have shape {list(shape)}, got {tuple(sigma.shape)}")
 
     def _check_cache(self, cache: ContextCache) -> None:
-        if cache.signature != self.signature:
-            raise ValueError(f"cache was built by a model with sizes {cache.signature}, this "
-                             f"model has {self.signature}")
+        check_cache(cache, self.signature)
 
     def _check_history(self, frames: Tensor, actions: Tensor) -> Tensor:
         """Checks shared history ``frames`` ``[1, F', C, H, W]``; returns its actions

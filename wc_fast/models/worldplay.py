@@ -44,7 +44,13 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from wc_fast.actions import NUM_ACTIONS, NUM_LABELS, label_to_bits
-from wc_fast.models.clips import check_action_offset, check_actions, history_chunks
+from wc_fast.models.clips import (
+    check_action_offset,
+    check_actions,
+    check_cache,
+    check_frames,
+    history_chunks,
+)
 from wc_fast.models.lora import inject_lora, lora_parameters
 from wc_fast.models.protocol import ContextCache
 from wc_fast.models.worldplay_camera import (
@@ -381,18 +387,10 @@ class WorldPlayWorldModel(nn.Module):
     # -- checks --------------------------------------------------------------------------------
 
     def _check_frames(self, name: str, frames: Tensor) -> None:
-        if not isinstance(frames, Tensor) or not frames.dtype.is_floating_point:
-            got = frames.dtype if isinstance(frames, Tensor) else type(frames).__name__
-            raise TypeError(f"{name} must be a floating-point tensor, got {got}")
-        c, h, w = self.clip_shape[1:]
-        if frames.dim() != 5 or tuple(frames.shape[2:]) != (c, h, w):
-            raise ValueError(f"{name} must have shape [B, F, {c}, {h}, {w}], got "
-                             f"{tuple(frames.shape)}")
+        check_frames(name, frames, self.clip_shape)
 
     def _check_cache(self, cache: ContextCache) -> None:
-        if cache.signature != self.signature:
-            raise ValueError(f"cache was built by a model with sizes {cache.signature}, this "
-                             f"model has {self.signature}")
+        check_cache(cache, self.signature)
 
     # -- pieces of the forward -----------------------------------------------------------------
 
