@@ -93,7 +93,7 @@ GRPO_TITLES = {"flow_grpo": "Flow-GRPO (per-candidate noise)",
                "noise_warp": "noise warped along the camera"}
 PAPER_ROWS = {name: [*PAPER_RECIPE, *change] for name, change in {
     "full": [], "sample": ["--rollout.mode", "sample"], "if_only": ["--reward.kind", "if"],
-    "vq_only": ["--reward.kind", "vq"], "sde": ["--rollout.exploration", "sde"],
+    "vq_only": ["--reward.kind", "vq"], "sde": ["--rollout.candidate_noise", "sde"],
     "own_latents": ["--nft.latent_pairing", "own"], **GRPO_FAMILY}.items()}
 # the default recipe explores camera motion through every candidate's action conditioning;
 # without it (and for the GRPO rows matched to that) no row explores in motion
@@ -106,7 +106,7 @@ DANCE_GRPO = GRPO_FAMILY["flow_grpo_same"]
 # ablations of it and World-R1's options, then the paper's family
 ROWS = {"recipe": [], "recipe_no_exploration": NO_EXPLORATION,
         "recipe_warp": WARP_RECIPE,
-        "recipe_sde": ["--rollout.exploration", "sde", *NO_EXPLORATION]} | {
+        "recipe_sde": ["--rollout.candidate_noise", "sde", *NO_EXPLORATION]} | {
     f"recipe_{name}": [*NO_EXPLORATION, *GRPO_FAMILY[name]]
     for name in ("flow_grpo", "flow_grpo_same", "flow_grpo_fast")} | {
     # DanceGRPO at a sixth of the recipe's learning rate (at the recipe's it falls below the base)
@@ -125,6 +125,8 @@ SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic
 # (the update guard acts only on an update larger than the weights it changes, which none of
 # the cached runs made)
 FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio": 1.0}
+# fields renamed after the study began, hashed under the name and value they had then
+FIELDS_RENAMED = {"rollout.candidate_noise": ("exploration", {"independent": "noise"})}
 # the pretraining section the RL run's config held when the study began (the cpu preset's; it
 # has since moved to the pretraining run's own config, wc_fast.config.PretrainRun): hashed
 # with every row as before, so the cached rows keep their names
@@ -206,13 +208,18 @@ def training_id(row: str, seed: int, steps: int | None) -> str:
     """8 hex digits of the resolved training configuration of one (row, seed): a change to the
     preset's defaults gives the row a new run folder and cache file. A field added after the
     study began is left out while it holds its value that changes nothing
-    (``FIELDS_ADDED_OFF``), so adding an option keeps the cached rows; the pretraining
-    section the config held then is hashed with it (``STUDY_PRETRAIN_SECTION``)."""
+    (``FIELDS_ADDED_OFF``), so adding an option keeps the cached rows; a renamed field is
+    hashed under its old name and value (``FIELDS_RENAMED``), and the pretraining section the
+    config held then with it (``STUDY_PRETRAIN_SECTION``)."""
     config = to_dict(parse_run_args("replicate", "", training_args(row, seed, steps)).config)
     for path, off in FIELDS_ADDED_OFF.items():
         section, name = path.split(".")
         if config[section].get(name) == off:
             del config[section][name]
+    for path, (old_name, old_values) in FIELDS_RENAMED.items():
+        section, name = path.split(".")
+        value = config[section].pop(name)
+        config[section][old_name] = old_values.get(value, value)
     config["pretrain"] = STUDY_PRETRAIN_SECTION
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
 

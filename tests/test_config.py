@@ -123,7 +123,7 @@ def test_fsdp2_refuses_what_it_cannot_shard(path, value):
 
 
 @pytest.mark.parametrize("path,value", [("rollout.sde_noise", "0"),
-                                        ("rollout.exploration", "sde"),
+                                        ("rollout.candidate_noise", "sde"),
                                         ("rollout.mode", "sample"),
                                         ("rollout.steps", "1")])
 def test_flow_grpo_refuses_rollouts_it_cannot_train_on(path, value):
@@ -218,12 +218,22 @@ def test_configs_saved_by_earlier_versions_still_load():
     saved = C.to_dict(C.preset("official"))
     saved["train"]["log_every"] = 5  # a field that never had an effect, since dropped
     saved["optim"]["optimizer"] = "muon_adamw"  # the old name of "muon"
+    del saved["rollout"]["candidate_noise"]
+    saved["rollout"]["exploration"] = "noise"  # its old name and value
     cfg = C.from_dict(saved)
-    assert cfg.optim.optimizer == "muon"
+    assert cfg.optim.optimizer == "muon" and cfg.rollout.candidate_noise == "independent"
+    saved["rollout"]["exploration"] = "sde"
+    assert C.from_dict(saved).rollout.candidate_noise == "sde"
+    saved["rollout"]["exploration"] = "noise"
     assert C.to_dict(cfg) == C.to_dict(C.preset("official"))
     saved["train"]["log_every_n"] = 5
     with pytest.raises(ValueError, match="train.log_every_n"):
         C.from_dict(saved)
+
+
+def test_a_renamed_field_on_the_command_line_names_its_new_name():
+    with pytest.raises(ValueError, match="'rollout.exploration' is now 'rollout.candidate_noise'"):
+        C.apply_override(C.preset("cpu"), "rollout.exploration", "sde")
 
 
 def test_rl_configs_saved_with_a_pretrain_section_load_without_it():

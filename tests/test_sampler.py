@@ -69,7 +69,7 @@ def test_same_noise_same_clip_and_different_noise_different_clip():
 def test_sde_shares_initial_noise_and_replays():
     model = _tiny_model()
     cache = _cache(model)
-    sampler = ClipSampler(model, steps=4, exploration="sde", sde_noise=0.7)
+    sampler = ClipSampler(model, steps=4, candidate_noise="sde", sde_noise=0.7)
     actions = torch.tensor([9, 1])
     a = sampler.sample(cache, actions, num=3, generator=torch.Generator().manual_seed(1))
     assert torch.equal(a.noise[0], a.noise[2]), "one shared initial noise"
@@ -85,7 +85,7 @@ def test_sde_with_zero_noise_level_is_the_ode():
     actions = torch.tensor([9, 1])
     noise = torch.randn(1, 2, 3, 8, 8).expand(2, -1, -1, -1, -1).contiguous()
     ode = ClipSampler(model, steps=4).sample(cache, actions, num=2, noise=noise)
-    sde = ClipSampler(model, steps=4, exploration="sde", sde_noise=0.0).sample(
+    sde = ClipSampler(model, steps=4, candidate_noise="sde", sde_noise=0.0).sample(
         cache, actions, num=2, noise=noise, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(ode.clips, sde.clips, rtol=1e-6, atol=1e-6)
 
@@ -107,8 +107,8 @@ def test_bad_options():
     model = _tiny_model()
     with pytest.raises(ValueError, match="capture"):
         ClipSampler(model, capture="graph")
-    with pytest.raises(ValueError, match="exploration"):
-        ClipSampler(model, exploration="beam")
+    with pytest.raises(ValueError, match="candidate_noise"):
+        ClipSampler(model, candidate_noise="beam")
     with pytest.raises(RuntimeError, match="CUDA device"):
         ClipSampler(model, capture="cuda_graph").sample(_cache(model), torch.tensor([0, 0]),
                                                         num=1)

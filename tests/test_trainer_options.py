@@ -182,17 +182,17 @@ def test_sample_level_training_predicts_over_each_candidates_own_history(monkeyp
     assert [len(args[0]) for args, _ in velocity] == [2] * 6
 
 
-@pytest.mark.parametrize("exploration", ["noise", "sde"])
-def test_exploration_mode_reaches_the_sampler(monkeypatch, exploration):
-    """``noise``: one initial noise per candidate; ``sde``: one shared, plus step noise."""
-    trainer = _trainer(monkeypatch, rollout__exploration=exploration)
+@pytest.mark.parametrize("candidate_noise", ["independent", "sde"])
+def test_candidate_noise_reaches_the_sampler(monkeypatch, candidate_noise):
+    """``independent``: one initial noise per candidate; ``sde``: one shared, plus step noise."""
+    trainer = _trainer(monkeypatch, rollout__candidate_noise=candidate_noise)
     samples = _record(monkeypatch, trainer.sampler, "sample")
     trainer.iteration(0)
     ((_, rollout),) = samples  # clip 1: the candidates only
     g = trainer.cfg.rollout.group_size
     assert rollout.clips.shape[0] == g
     shared = bool((rollout.noise == rollout.noise[:1]).all())
-    if exploration == "sde":
+    if candidate_noise == "sde":
         assert shared and rollout.step_noise is not None
     else:
         assert not shared and rollout.step_noise is None

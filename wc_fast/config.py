@@ -36,7 +36,7 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 Backbone = Literal["tiny", "wan", "worldplay"]
 Prediction = Literal["velocity", "x0", "warp"]  # what the world model's output head predicts
 RolloutMode = Literal["clip", "sample"]
-Exploration = Literal["noise", "sde"]
+CandidateNoise = Literal["independent", "sde"]
 Capture = Literal["auto", "eager", "compile", "cuda_graph"]
 StdMode = Literal["group", "global"]
 RewardKind = Literal["both", "if", "vq"]
@@ -172,12 +172,13 @@ class RolloutConfig:
         "clip: the history is generated once and every candidate generates only the trained "
         "clip (clip-level); sample: every candidate generates its whole sequence "
         "(sample-level)")})
-    exploration: Exploration = field(default="noise", metadata={"help": (
-        "noise: each candidate from its own initial noise with the deterministic ODE sampler "
-        "(WorldCompass); sde: one shared initial noise and fresh noise at every step "
-        "(DanceGRPO / Flow-GRPO exploration), at rollout.sde_noise")})
+    candidate_noise: CandidateNoise = field(default="independent", metadata={"help": (
+        "how the noise makes the candidates of a group differ. independent: each candidate "
+        "from its own initial noise with the deterministic ODE sampler (WorldCompass); sde: "
+        "one shared initial noise and fresh noise at every step (DanceGRPO / Flow-GRPO), at "
+        "rollout.sde_noise")})
     sde_noise: float = field(default=0.7, metadata={"help": (
-        "noise level in [0, 1] of the SDE sampler (rollout.exploration sde and train.update "
+        "noise level in [0, 1] of the SDE sampler (rollout.candidate_noise sde and train.update "
         "flow_grpo)")})
     composite_fraction: float = field(default=0.5, metadata={"help": (
         "fraction of the training clips that command a key combination, one pressing a "
@@ -837,6 +838,8 @@ def apply_override(cfg: Config | PretrainRun, path: str, text: str) -> None:
                          f"in {names}")
     section = getattr(cfg, parts[0])
     types_ = _section_types(section)
+    if path in RENAMED_FIELDS:
+        raise ValueError(f"config field {path!r} is now {RENAMED_FIELDS[path]!r}")
     if parts[1] not in types_:
         raise ValueError(f"unknown config field {path!r}; {parts[0]} has fields "
                          f"{tuple(types_)}")
@@ -851,7 +854,9 @@ def to_dict(cfg: Config | PretrainRun) -> dict:
 # fields and values that configs saved by earlier versions may hold: dropped (they had no
 # effect) or mapped to their current name
 RETIRED_FIELDS = ("train.log_every",)
-RENAMED_VALUES = {"optim.optimizer": {"muon_adamw": "muon"}}
+RENAMED_FIELDS = {"rollout.exploration": "rollout.candidate_noise"}
+RENAMED_VALUES = {"optim.optimizer": {"muon_adamw": "muon"},
+                  "rollout.candidate_noise": {"noise": "independent"}}
 # sections that RL configs saved by earlier versions hold, dropped: the RL run's config held
 # the pretraining section until pretraining got its own config (PretrainRun)
 RETIRED_SECTIONS = ("pretrain",)
@@ -882,6 +887,9 @@ def from_dict(data: dict) -> Config | PretrainRun:
             path = f"{name}.{key}"
             if path in RETIRED_FIELDS:
                 continue
+            if path in RENAMED_FIELDS:
+                path = RENAMED_FIELDS[path]
+                key = path.split(".")[1]
             if path in RENAMED_VALUES:
                 value = RENAMED_VALUES[path].get(value, value)
             if key not in types_:
@@ -1003,8 +1011,9 @@ def _validate_grpo(cfg: Config) -> None:
              ro.steps)
     _require(ro.sde_noise > 0, "rollout.sde_noise (with train.update flow_grpo)",
              "> 0 (the SDE's noise level)", ro.sde_noise)
-    _choices("rollout.exploration (with train.update flow_grpo; grpo.same_noise and "
-             "grpo.window set how candidates explore)", ro.exploration, ("noise",))
+    _choices("rollout.candidate_noise (with train.update flow_grpo; grpo.same_noise and "
+             "grpo.window set how the candidates' noise differs)", ro.candidate_noise,
+             ("independent",))
     _choices("rollout.mode (with train.update flow_grpo)", ro.mode, ("clip",))
 
 

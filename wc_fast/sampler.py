@@ -2,9 +2,9 @@
 3, 4 and 9).
 
 The deterministic Euler ODE ``x <- x + (s_{i+1} - s_i) v`` over :func:`sigma_schedule` starts
-each candidate from its own initial noise (WorldCompass exploration). The ``sde`` variant
-starts every candidate from ONE shared noise and injects fresh noise at each step (the
-DanceGRPO / Flow-GRPO exploration that WorldCompass ablates against). The last step to
+each candidate from its own initial noise (``candidate_noise="independent"``, WorldCompass).
+The ``sde`` variant starts every candidate from ONE shared noise and injects fresh noise at
+each step (the DanceGRPO / Flow-GRPO sampling that WorldCompass ablates against). The last step to
 ``s = 0`` is always the deterministic ``x - s v``, i.e. the x0 prediction.
 :meth:`ClipSampler.sample_sde` is Flow-GRPO's sampling for its update: per-candidate (or, as in
 DanceGRPO, shared) initial noise, SDE steps at every step but the last or in a window of them,
@@ -25,14 +25,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from wc_fast.config import Capture, Exploration
+from wc_fast.config import CandidateNoise, Capture
 from wc_fast.models.motion_latent import noise_latents
 from wc_fast.models.protocol import ContextCache, WorldModel
 from wc_fast.noise_warp import warp_noise
 from wc_kernels import sde_log_prob
 
 CAPTURE_MODES = typing.get_args(Capture)
-EXPLORATION_MODES = typing.get_args(Exploration)
+CANDIDATE_NOISE_MODES = typing.get_args(CandidateNoise)
 # per-candidate keyword inputs of a model's velocity, by name (see ClipSampler.sample)
 Offsets = dict[str, Tensor]
 
@@ -96,13 +96,14 @@ class ClipSampler:
     """Samples ``G`` candidates of the next clip for one shared :class:`ContextCache`."""
 
     def __init__(self, model: WorldModel, *, steps: int = 40, shift: float = 5.0,
-                 capture: str = "auto", exploration: str = "noise", sde_noise: float = 0.7,
+                 capture: str = "auto", candidate_noise: str = "independent",
+                 sde_noise: float = 0.7,
                  noise_warp: float = 0.0) -> None:
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
-        if exploration not in EXPLORATION_MODES:
-            raise ValueError(f"exploration must be one of {EXPLORATION_MODES}, got "
-                             f"{exploration!r}")
+        if candidate_noise not in CANDIDATE_NOISE_MODES:
+            raise ValueError(f"candidate_noise must be one of {CANDIDATE_NOISE_MODES}, got "
+                             f"{candidate_noise!r}")
         if not 0.0 <= sde_noise <= 1.0:
             raise ValueError(f"sde_noise must lie in [0, 1], got {sde_noise!r}")
         if not 0.0 <= noise_warp <= 1.0:
@@ -110,7 +111,7 @@ class ClipSampler:
         self.model = model
         self.sigmas = sigma_schedule(steps, shift).tolist()
         self.capture = capture
-        self.exploration = exploration
+        self.candidate_noise = candidate_noise
         self.sde_noise = sde_noise
         self.noise_warp = noise_warp
         self._compiled_step = None
@@ -135,12 +136,12 @@ class ClipSampler:
         device = self._device()
         shape = self._clip_shape(num)
         if noise is None:
-            noise = torch.randn(shape if self.exploration == "noise" else (1, *shape[1:]),
+            noise = torch.randn(shape if self.candidate_noise == "independent" else (1, *shape[1:]),
                                 generator=generator, device=device).expand(shape).contiguous()
             noise = self._warped(noise, actions)
         elif tuple(noise.shape) != shape:
             raise ValueError(f"noise must have shape {shape}, got {tuple(noise.shape)}")
-        if self.exploration == "sde" and step_noise is None:
+        if self.candidate_noise == "sde" and step_noise is None:
             step_noise = torch.randn((len(self.sigmas) - 2, *shape), generator=generator,
                                      device=device)
         with torch.no_grad():

@@ -203,7 +203,7 @@ class Trainer:
         ro = cfg.rollout
         capture = "eager" if self.sharded else ro.capture
         self.sampler = ClipSampler(self.old, steps=ro.steps, shift=ro.shift, capture=capture,
-                                   exploration=ro.exploration, sde_noise=ro.sde_noise,
+                                   candidate_noise=ro.candidate_noise, sde_noise=ro.sde_noise,
                                    noise_warp=ro.noise_warp)
         self.explore = MotionExploration(action=ro.action_exploration, warp=ro.warp_exploration)
         # the velocity of each model by role, compiled with nft.compile
