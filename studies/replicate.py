@@ -61,8 +61,8 @@ from studies.motion_spread import measure as measure_spread
 from wc_fast import checkpoint
 from wc_fast.cli import parse_run_args
 from wc_fast.config import preset, to_dict
-from wc_fast.eval import KINDS, EvalSettings, evaluate
-from wc_fast.models.pretrained import load_checkpoint_model
+from wc_fast.eval import FINAL_EVAL_SEED, KINDS, EvalSettings, evaluate
+from wc_fast.models.pretrained import BASE_MODELS, load_checkpoint_model
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.motion_spread import camera_motion
 from wc_fast.rewards.weights import ASSETS
@@ -187,31 +187,40 @@ def score(model_path: str | None, sequences: int, clips: int) -> dict:
             "spread": {k: spread[k]["motion_spread"] for k in ("basic", "composite_2key")}}
 
 
-def evaluation_id(sequences: int, clips: int) -> str:
+def evaluation_id(sequences: int, clips: int, *, final: bool = False, base: str = "tiny"
+                  ) -> str:
     """8 hex digits naming everything a score depends on besides the trained weights: the
-    evaluation's settings and every shipped model it reads (the base, estimators, critics), so
-    a new setting or a retrained asset never reuses an old score."""
+    evaluation's settings (``final``: on the reserved seeds) and every shipped model it reads
+    (the base ``base``, estimators, critics), so a new setting or a retrained asset never
+    reuses an old score."""
+    seed = {"seed": FINAL_EVAL_SEED} if final else {}
     digest = hashlib.sha256(repr(EvalSettings.from_config(
-        preset("cpu"), sequences=sequences, clips=clips)).encode())
+        preset("cpu"), sequences=sequences, clips=clips, **seed)).encode())
     for name in SCORED_ASSETS:
-        digest.update((ASSETS / f"{name}.safetensors").read_bytes())
+        path = BASE_MODELS[base] if name == "base_model" else ASSETS / f"{name}.safetensors"
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:8]
 
 
-def training_args(row: str, seed: int, steps: int | None) -> list[str]:
-    """The ``wc_fast.train`` arguments of one (row, seed), without its output folder."""
+def training_args(row: str, seed: int, steps: int | None, base: str = "tiny") -> list[str]:
+    """The ``wc_fast.train`` arguments of one (row, seed) on the embedded base world model
+    ``base`` (``--base``), without its output folder."""
     extra = ["--steps", str(steps)] if steps is not None else []
+    if base != "tiny":
+        extra += ["--base", base]
     return ["--train.seed", str(seed), "--train.eval_at_end", "false", *ROWS[row], *extra]
 
 
-def training_id(row: str, seed: int, steps: int | None) -> str:
+def training_id(row: str, seed: int, steps: int | None, base: str = "tiny") -> str:
     """8 hex digits of the resolved training configuration of one (row, seed): a change to the
     preset's defaults gives the row a new run folder and cache file. A field added after the
     study began is left out while it holds its value that changes nothing
     (``FIELDS_ADDED_OFF``), so adding an option keeps the cached rows; a renamed field is
     hashed under its old name and value (``FIELDS_RENAMED``), and the pretraining section the
-    config held then with it (``STUDY_PRETRAIN_SECTION``)."""
-    config = to_dict(parse_run_args("replicate", "", training_args(row, seed, steps)).config)
+    config held then with it (``STUDY_PRETRAIN_SECTION``). On a base other than ``tiny`` the
+    hash includes the base's shipped weights."""
+    config = to_dict(parse_run_args("replicate", "", training_args(row, seed, steps, base),
+                                    with_base=True).config)
     for path, off in FIELDS_ADDED_OFF.items():
         section, name = path.split(".")
         if config[section].get(name) == off:
@@ -221,24 +230,25 @@ def training_id(row: str, seed: int, steps: int | None) -> str:
         value = config[section].pop(name)
         config[section][old_name] = old_values.get(value, value)
     config["pretrain"] = STUDY_PRETRAIN_SECTION
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    if base != "tiny":  # RL starts from the shipped weights: retrained ones train a new run
+        digest.update(BASE_MODELS[base].read_bytes())
+    return digest.hexdigest()[:8]
 
 
-def row_steps(row: str) -> int:
+def row_steps(row: str, base: str = "tiny") -> int:
     """The number of iterations a row trains for by default."""
-    args = ROWS[row]
-    if "--train.steps" in args:
-        return int(args[args.index("--train.steps") + 1])
-    return preset("cpu").train.steps
+    return parse_run_args("replicate", "", training_args(row, 0, None, base),
+                          with_base=True).config.train.steps
 
 
-def run(row: str, seed: int, folder: Path, steps: int | None, threads: int | None = None
-        ) -> Path:
-    """Train one (row, seed) into ``folder`` unless its final checkpoint is there, with
-    ``threads`` torch threads when given; returns the checkpoint."""
+def run(row: str, seed: int, folder: Path, steps: int | None, threads: int | None = None,
+        base: str = "tiny") -> Path:
+    """Train one (row, seed) on ``base`` into ``folder`` unless its final checkpoint is there,
+    with ``threads`` torch threads when given; returns the checkpoint."""
     args = [sys.executable, "-m", "wc_fast.train", "--out", str(folder),
-            *training_args(row, seed, steps)]
-    want = steps or row_steps(row)
+            *training_args(row, seed, steps, base)]
+    want = steps or row_steps(row, base)
     found = checkpoint.list_checkpoints(folder) if folder.is_dir() else []
     if not found or int(found[-1].name.split("_")[-1]) < want:
         start = time.perf_counter()

@@ -35,7 +35,8 @@ def time_rows(rows: list[str], rounds: int, seed: int = 0) -> dict[str, dict[str
     device = torch.device("cpu")
     trainers = {}
     for row in rows:
-        cfg = parse_run_args("update_speed", "", training_args(row, seed, None)).config
+        cfg = parse_run_args("update_speed", "", training_args(row, seed, None),
+                             with_base=True).config
         trainers[row] = Trainer(cfg, initial_model(cfg, device), device)
     for trainer in trainers.values():
         trainer.iteration(0)

@@ -1,0 +1,137 @@
+"""The study's rows on the reserved evaluation seeds, with paired 95% intervals, on either base.
+
+    python -m studies.final_table [--base tiny|wan] [--rows recipe:3,recipe_no_exploration,...]
+                                  [--sequences 64] [--clips 6] [--out runs/replicate]
+                                  [--cache studies/results/final]
+
+Each (row, seed) is trained as ``studies.replicate`` trains it (the same run folders, so a row
+trained for the study is not trained again), on the embedded base ``--base``; then
+``python -m wc_fast.eval --final`` evaluates its final model on the reserved seeds
+(``FINAL_EVAL_SEED``, never used for tuning), and the base model is evaluated the same way.
+Each evaluation's JSON is kept in ``--cache`` under a name carrying the row, the seed, the
+training configuration's hash and the evaluation's (settings and every shipped model it
+reads), so an interrupted table resumes and a changed asset is evaluated afresh. Every row is
+then compared with the base sequence by sequence (``wc_fast.evaluation.compare``: paired
+bootstrap over the sequences, and over the seeds where a row has several), and the table is
+written to ``--cache/<base>_table.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from studies.replicate import ROWS, TITLES, cached, evaluation_id, run, training_id
+from wc_fast.config import BASES
+from wc_fast.evaluation.bootstrap import sequence_values
+from wc_fast.evaluation.compare import clip_slices, compare
+
+# the table's columns: (set, metric, clip slice, header)
+COLUMNS = (("composite_2key", "accuracy", "all clips", "two keys, estimator"),
+           ("composite_2key", "accuracy", "clip 1", "two keys, estimator, clip 1"),
+           ("composite_2key", "fit_accuracy", "all clips", "two keys, camera fit"),
+           ("basic", "accuracy", "all clips", "basic, estimator"),
+           ("basic", "psnr", "clip 1", "basic PSNR (dB), clip 1"),
+           ("basic", "vq", "clip 1", "basic VQ (critic), clip 1"))
+DEFAULT_ROWS = "recipe:3,recipe_no_exploration,recipe_warp,recipe_flow_grpo_same_explored"
+
+
+def evaluate_final(checkpoint: Path | None, base: str, sequences: int, clips: int,
+                   path: Path) -> dict:
+    """``python -m wc_fast.eval --final`` of ``checkpoint`` (the base model when ``None``),
+    its JSON result written to ``path``."""
+    command = [sys.executable, "-m", "wc_fast.eval", "--final", "--base", base,
+               "--sequences", str(sequences), "--clips", str(clips), "--json", str(path)]
+    if checkpoint is not None:
+        command += ["--checkpoint", str(checkpoint)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".log"), "w") as log:
+        subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT)
+    return json.loads(path.read_text())
+
+
+def parse_rows(text: str) -> dict[str, int]:
+    """``ROW[:SEEDS],...`` -> {row: seeds} (one seed where none is given)."""
+    rows = {}
+    for entry in filter(None, text.split(",")):
+        row, _, count = entry.partition(":")
+        if row not in ROWS:
+            raise ValueError(f"--rows: unknown row {row!r}; expected some of {list(ROWS)}")
+        if count and not (count.isdigit() and int(count) >= 1):
+            raise ValueError(f"--rows: {entry!r} should be ROW:SEEDS with SEEDS an integer >= 1")
+        rows[row] = int(count) if count else 1
+    if not rows:
+        raise ValueError("--rows: expected at least one row")
+    return rows
+
+
+def table(base: dict, results: dict[str, list[dict]], draws: int = 10_000) -> list[str]:
+    """Markdown: the base's means, then each row's paired change [95% CI] per column."""
+    header = "| row | seeds | " + " | ".join(c[3] for c in COLUMNS) + " |"
+    lines = [header, "|---|---|" + "---|" * len(COLUMNS)]
+    slices = clip_slices(int(base["settings"]["clips"]))
+    cells = [f"{sequence_values(base, kind, metric, slices[clips]).mean():.3f}"
+             for kind, metric, clips, _ in COLUMNS]
+    lines.append("| base model | - | " + " | ".join(cells) + " |")
+    for name, trained in results.items():
+        cells = []
+        for kind, metric, clips, _ in COLUMNS:
+            (row,) = [r for r in compare(base, trained, metrics=(metric,), sets=(kind,),
+                                         draws=draws) if r["clips"] == clips]
+            cells.append(f"{row['change']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}]")
+        lines.append(f"| {TITLES.get(name, name)} | {len(trained)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base", choices=BASES, default="tiny")
+    parser.add_argument("--rows", default=DEFAULT_ROWS,
+                        help="ROW or ROW:SEEDS, comma-separated (one seed where none is given)")
+    parser.add_argument("--sequences", type=int, default=64)
+    parser.add_argument("--clips", type=int, default=6)
+    parser.add_argument("--out", default="runs/replicate", help="training runs (checkpoints)")
+    parser.add_argument("--cache", default="studies/results/final",
+                        help="each evaluation's JSON and the table, small files to commit")
+    args = parser.parse_args(argv)
+    try:
+        rows = parse_rows(args.rows)
+    except ValueError as error:
+        parser.error(str(error))
+    out, cache = Path(args.out), Path(args.cache)
+    tag = f"{args.sequences}x{args.clips}_final-" + evaluation_id(
+        args.sequences, args.clips, final=True, base=args.base)
+    prefix = "" if args.base == "tiny" else f"{args.base}_"
+
+    def final(checkpoint: Path | None, path: Path) -> dict:
+        return cached(path, lambda: evaluate_final(checkpoint, args.base, args.sequences,
+                                                   args.clips, path))
+
+    base = final(None, cache / f"{prefix}base_{tag}.json")
+    results = {}
+    for row, seeds in rows.items():
+        results[row] = []
+        for seed in range(seeds):
+            name = f"{prefix}{row}_s{seed}_cfg-{training_id(row, seed, None, args.base)}"
+            path = cache / f"{name}_{tag}.json"
+            checkpoint = None if path.is_file() else run(row, seed, out / name, None,
+                                                         base=args.base)
+            results[row].append(final(checkpoint, path))
+    command = "python -m studies.final_table " + " ".join(
+        argv if argv is not None else sys.argv[1:])
+    lines = [f"`{command.strip()}` ({args.sequences} sequences x {args.clips} clips per set, "
+             "reserved seeds; change from the base [paired 95% bootstrap interval])", "",
+             *table(base, results)]
+    doc = cache / f"{args.base}_table.md"
+    doc.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""studies.final_table: rows trained as the study trains them, evaluated on the reserved seeds,
+compared with the base by paired bootstrap; cached evaluations are not run again."""
+
+import json
+
+import pytest
+
+from studies import final_table, replicate
+
+SETTINGS = {"sequences": 3, "clips": 2, "seed": 7700001, "steps": 10, "shift": 5.0,
+            "trans_thresholds": [0.08, 0.12], "rot_threshold_deg": 2.0}
+
+
+def _result(shift: float) -> dict:
+    """A ``wc_fast.eval --json`` result whose every per-sequence value is ``base + shift``."""
+    values = {"accuracy": 0.3, "fit_accuracy": 0.4, "psnr": 20.0, "vq": -3.0}
+    per_sequence = {metric: [[v + shift + 0.01 * i, v + shift] for i in range(3)]
+                    for metric, v in values.items()}
+    return {"settings": SETTINGS, "basic": {"per_sequence": per_sequence},
+            "composite_2key": {"per_sequence": per_sequence}}
+
+
+def test_final_table_trains_evaluates_and_tabulates_paired_changes(tmp_path, monkeypatch):
+    trained, evaluated = [], []
+
+    def fake_run(row, seed, folder, steps, base="tiny"):
+        trained.append((row, seed, base))
+        return folder / "step_00000060"
+
+    def fake_evaluate(checkpoint, base, sequences, clips, path):
+        evaluated.append(checkpoint)
+        return _result(0.0 if checkpoint is None else 0.1)
+
+    monkeypatch.setattr(final_table, "run", fake_run)
+    monkeypatch.setattr(final_table, "evaluate_final", fake_evaluate)
+    cache = tmp_path / "final"
+    args = ["--rows", "recipe:2,recipe_no_exploration", "--sequences", "3", "--clips", "2",
+            "--out", str(tmp_path / "runs"), "--cache", str(cache)]
+    assert final_table.main(args) == 0
+    assert trained == [("recipe", 0, "tiny"), ("recipe", 1, "tiny"),
+                       ("recipe_no_exploration", 0, "tiny")]
+    assert evaluated[0] is None and len(evaluated) == 4  # the base, then each (row, seed)
+    lines = (cache / "tiny_table.md").read_text().splitlines()
+    assert lines[4] == "| base model | - | 0.305 | 0.310 | 0.405 | 0.305 | 20.010 | -2.990 |"
+    # every sequence changed by exactly +0.1: the interval is that point
+    recipe = lines[5]
+    assert recipe.startswith(f"| {replicate.TITLES['recipe']} | 2 | +0.100 [+0.100, +0.100] |")
+    assert recipe.count("+0.100 [+0.100, +0.100]") == len(final_table.COLUMNS)
+    tag = f"3x2_final-{replicate.evaluation_id(3, 2, final=True)}"
+    name = f"recipe_s1_cfg-{replicate.training_id('recipe', 1, None)}"
+    assert json.loads((cache / f"{name}_{tag}.json").read_text()) == _result(0.1)
+
+    def nothing_again(*args, **kwargs):
+        raise AssertionError("a cached evaluation was run again")
+
+    monkeypatch.setattr(final_table, "run", nothing_again)
+    monkeypatch.setattr(final_table, "evaluate_final", nothing_again)
+    assert final_table.main(args) == 0
+
+
+def test_final_table_names_runs_and_evaluations_by_base(tmp_path, monkeypatch):
+    assert replicate.evaluation_id(3, 2, final=True) != replicate.evaluation_id(3, 2)
+    wan = replicate.evaluation_id(3, 2, final=True, base="wan")
+    assert wan != replicate.evaluation_id(3, 2, final=True)
+    run_id = replicate.training_id("recipe", 0, None, "wan")
+    assert run_id != replicate.training_id("recipe", 0, None)
+    weights = tmp_path / "wan_base_model.safetensors"
+    weights.write_bytes(b"retrained weights")
+    monkeypatch.setitem(replicate.BASE_MODELS, "wan", weights)
+    # RL starts from the shipped base: retrained weights are a new run and a new evaluation
+    assert replicate.training_id("recipe", 0, None, "wan") != run_id
+    assert replicate.evaluation_id(3, 2, final=True, base="wan") != wan
+
+
+@pytest.mark.parametrize("rows", ["recipe:0", "recipe:x", "nope", ""])
+def test_final_table_refuses_bad_rows(rows, tmp_path):
+    with pytest.raises(SystemExit):
+        final_table.main(["--rows", rows, "--cache", str(tmp_path)])
