@@ -1,6 +1,7 @@
 """The flow-matching loss of exported world models on one fixed held-out batch.
 
     python -m studies.heldout_loss RUN/base_model.safetensors [MORE.safetensors ...] [--by-sigma]
+                                   [--other-keys]
 
 Every model sees the same 8 rendered sequences of 3 basic-key clips (world seed 777, which
 pretraining never draws) and the same three noise draws, so the numbers compare models of any
@@ -8,7 +9,9 @@ size, patch or training batch (each run's own held-out batch has its run's batch
 ``--by-sigma`` also prints, at a few noise levels, the mean squared error of the one-step
 clean-clip estimate ``x_t - sigma v`` (every clip at that sigma, over its clean history): how
 sharp the sampler's last step can make a frame (with 10 steps at shift 5 it starts at sigma
-0.357), beside the error of the noisy input itself.
+0.357), beside the error of the noisy input itself. ``--other-keys`` prints the same numbers
+with every sequence given the keys of the next one (rolled over the batch): how much the model
+uses the command at all (a model that ignores the keys scores the same).
 """
 
 from __future__ import annotations
@@ -47,22 +50,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("weights", nargs="+", help="exported .safetensors (with .json card)")
     parser.add_argument("--by-sigma", action="store_true",
                         help="also the clean-clip estimate's error at a few noise levels")
+    parser.add_argument("--other-keys", action="store_true",
+                        help="also every number with each sequence given the next one's keys")
     args = parser.parse_args(argv)
     for path in args.weights:
         model = load_world_model(path)
         batch = sample_sequences(SEQUENCES, num_clips=CLIPS, seed=SEED, composite_fraction=0.0,
                                  clip_frames=model.clip_frames, resolution=model.clip_shape[-1])
-        with torch.no_grad():
-            losses = [flow_matching_loss(model, batch.frames, batch.actions, shift=SHIFT,
-                                         gen=torch.Generator().manual_seed(k),
-                                         motion_factors=batch.motion_factors).item()
-                      for k in range(DRAWS)]
-        print(f"{path}: held-out loss {sum(losses) / DRAWS:.4f}")
-        if args.by_sigma and not model.motion_latent:
-            for sigma in SIGMAS:
-                est, noisy = x0_errors(model, batch.frames, batch.actions, sigma)
-                print(f"  sigma {sigma}: clean-clip estimate MSE {est:.4f} (noisy input "
-                      f"{noisy:.4f})")
+        keys = {"": batch.actions}
+        if args.other_keys:
+            keys[" (other keys)"] = batch.actions.roll(1, 0)
+        for label, actions in keys.items():
+            with torch.no_grad():
+                losses = [flow_matching_loss(model, batch.frames, actions, shift=SHIFT,
+                                             gen=torch.Generator().manual_seed(k),
+                                             motion_factors=batch.motion_factors).item()
+                          for k in range(DRAWS)]
+            print(f"{path}: held-out loss{label} {sum(losses) / DRAWS:.4f}")
+            if args.by_sigma and not model.motion_latent:
+                for sigma in SIGMAS:
+                    est, noisy = x0_errors(model, batch.frames, actions, sigma)
+                    print(f"  sigma {sigma}: clean-clip estimate MSE {est:.4f} (noisy input "
+                          f"{noisy:.4f})")
     return 0
 
 

@@ -214,6 +214,16 @@ def test_heldout_loss_scores_every_model_on_one_batch(pretrained_dir, capsys):
     # one row per noise level, highest first: the noisy input's own error falls with sigma
     noisy = [float(r.split("noisy input ")[1].rstrip(")")) for r in rows]
     assert noisy == sorted(noisy, reverse=True)
+    # with another sequence's keys the same frames are scored again under those keys
+    assert study.main([str(path), "--other-keys"]) == 0
+    own, other = capsys.readouterr().out.strip().splitlines()
+    assert own.endswith(f"held-out loss {want:.4f}") and "held-out loss (other keys) " in other
+    with torch.no_grad():
+        rolled = sum(flow_matching_loss(model, batch.frames, batch.actions.roll(1, 0),
+                                        shift=study.SHIFT,
+                                        gen=torch.Generator().manual_seed(k)).item()
+                     for k in range(study.DRAWS)) / study.DRAWS
+    assert other.endswith(f"{rolled:.4f}")
 
 
 def test_shipped_wan_base_is_the_configured_model():
