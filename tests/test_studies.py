@@ -355,6 +355,13 @@ def test_two_key_errors_reads_exact_poses_as_right_and_reports_each_kind(capsys)
     rows = [line for line in capsys.readouterr().out.splitlines() if line[:4] in
             ("| TR", "| RR", "| TT")]
     assert rows and sum(int(row.split("|")[2]) for row in rows) == 3
+    # single keys on the Wan base: one row per kind, T and R
+    assert module.main(["--base", "wan", "--keys", "1", "--n", "3", "--candidates", "2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line[:4] in
+            ("| T ", "| R ")]
+    assert rows and sum(int(row.split("|")[2]) for row in rows) == 3
+    with pytest.raises(SystemExit):  # the probes scale the tiny model's embeddings
+        module.main(["--base", "wan", "--latent-scale", "2"])
 
 
 def test_replicate_names_caches_by_evaluation_assets_and_training_config(monkeypatch, tmp_path):
