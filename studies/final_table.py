@@ -41,16 +41,17 @@ DEFAULT_ROWS = "recipe:3,recipe_no_exploration,recipe_warp,recipe_flow_grpo_same
 
 
 def evaluate_final(checkpoint: Path | None, base: str, sequences: int, clips: int,
-                   path: Path) -> dict:
+                   path: Path, log: Path) -> dict:
     """``python -m wc_fast.eval --final`` of ``checkpoint`` (the base model when ``None``),
-    its JSON result written to ``path``."""
+    its JSON result written to ``path`` and its console output to ``log``."""
     command = [sys.executable, "-m", "wc_fast.eval", "--final", "--base", base,
                "--sequences", str(sequences), "--clips", str(clips), "--json", str(path)]
     if checkpoint is not None:
         command += ["--checkpoint", str(checkpoint)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".log"), "w") as log:
-        subprocess.run(command, check=True, stdout=log, stderr=subprocess.STDOUT)
+    for folder in (path.parent, log.parent):
+        folder.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as console:
+        subprocess.run(command, check=True, stdout=console, stderr=subprocess.STDOUT)
     return json.loads(path.read_text())
 
 
@@ -109,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def final(checkpoint: Path | None, path: Path) -> dict:
         return cached(path, lambda: evaluate_final(checkpoint, args.base, args.sequences,
-                                                   args.clips, path))
+                                                   args.clips, path, out / f"{path.stem}.log"))
 
     base = final(None, cache / f"{prefix}base_{tag}.json")
     results = {}

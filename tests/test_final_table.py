@@ -27,7 +27,8 @@ def test_final_table_trains_evaluates_and_tabulates_paired_changes(tmp_path, mon
         trained.append((row, seed, base))
         return folder / "step_00000060"
 
-    def fake_evaluate(checkpoint, base, sequences, clips, path):
+    def fake_evaluate(checkpoint, base, sequences, clips, path, log):
+        assert log.parent == tmp_path / "runs"
         evaluated.append(checkpoint)
         return _result(0.0 if checkpoint is None else 0.1)
 
