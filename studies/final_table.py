@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from studies.replicate import ROWS, TITLES, cached, evaluation_id, run, training_id
+from studies.replicate import TITLES, evaluation_id, parse_rows, run, training_id
 from wc_fast.config import BASES
 from wc_fast.evaluation.bootstrap import sequence_values
 from wc_fast.evaluation.compare import clip_slices, compare
@@ -55,21 +55,6 @@ def evaluate_final(checkpoint: Path | None, base: str, sequences: int, clips: in
     return json.loads(path.read_text())
 
 
-def parse_rows(text: str) -> dict[str, int]:
-    """``ROW[:SEEDS],...`` -> {row: seeds} (one seed where none is given)."""
-    rows = {}
-    for entry in filter(None, text.split(",")):
-        row, _, count = entry.partition(":")
-        if row not in ROWS:
-            raise ValueError(f"--rows: unknown row {row!r}; expected some of {list(ROWS)}")
-        if count and not (count.isdigit() and int(count) >= 1):
-            raise ValueError(f"--rows: {entry!r} should be ROW:SEEDS with SEEDS an integer >= 1")
-        rows[row] = int(count) if count else 1
-    if not rows:
-        raise ValueError("--rows: expected at least one row")
-    return rows
-
-
 def table(base: dict, results: dict[str, list[dict]], draws: int = 10_000) -> list[str]:
     """Markdown: the base's means, then each row's paired change [95% CI] per column."""
     header = "| row | seeds | " + " | ".join(c[3] for c in COLUMNS) + " |"
@@ -79,10 +64,14 @@ def table(base: dict, results: dict[str, list[dict]], draws: int = 10_000) -> li
              for kind, metric, clips, _ in COLUMNS]
     lines.append("| base model | - | " + " | ".join(cells) + " |")
     for name, trained in results.items():
+        # one bootstrap per (set, metric), every clip slice of it at once
+        changes = {(r["set"], r["metric"], r["clips"]): r
+                   for kind, metric in dict.fromkeys((c[0], c[1]) for c in COLUMNS)
+                   for r in compare(base, trained, metrics=(metric,), sets=(kind,),
+                                    draws=draws)}
         cells = []
         for kind, metric, clips, _ in COLUMNS:
-            (row,) = [r for r in compare(base, trained, metrics=(metric,), sets=(kind,),
-                                         draws=draws) if r["clips"] == clips]
+            row = changes[kind, metric, clips]
             cells.append(f"{row['change']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}]")
         lines.append(f"| {TITLES.get(name, name)} | {len(trained)} | " + " | ".join(cells) + " |")
     return lines
@@ -100,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="each evaluation's JSON and the table, small files to commit")
     args = parser.parse_args(argv)
     try:
-        rows = parse_rows(args.rows)
+        rows = parse_rows(args.rows, lambda row: 1)
     except ValueError as error:
         parser.error(str(error))
     out, cache = Path(args.out), Path(args.cache)
@@ -109,8 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     prefix = "" if args.base == "tiny" else f"{args.base}_"
 
     def final(checkpoint: Path | None, path: Path) -> dict:
-        return cached(path, lambda: evaluate_final(checkpoint, args.base, args.sequences,
-                                                   args.clips, path, out / f"{path.stem}.log"))
+        """The evaluation cached at ``path``, run (and written there) when it is missing."""
+        if path.is_file():
+            return json.loads(path.read_text())
+        return evaluate_final(checkpoint, args.base, args.sequences, args.clips, path,
+                              out / f"{path.stem}.log")
 
     base = final(None, cache / f"{prefix}base_{tag}.json")
     results = {}

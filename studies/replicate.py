@@ -52,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -234,6 +235,22 @@ def training_id(row: str, seed: int, steps: int | None, base: str = "tiny") -> s
     if base != "tiny":  # RL starts from the shipped weights: retrained ones train a new run
         digest.update(BASE_MODELS[base].read_bytes())
     return digest.hexdigest()[:8]
+
+
+def parse_rows(text: str, default_seeds: Callable[[str], int]) -> dict[str, int]:
+    """``ROW[:SEEDS],...`` -> {row: seeds}; a row without SEEDS gets ``default_seeds(row)``.
+    Unknown rows, bad counts and an empty list raise ``ValueError`` naming ``--rows``."""
+    rows = {}
+    for entry in filter(None, text.split(",")):
+        row, _, count = entry.partition(":")
+        if row not in ROWS:
+            raise ValueError(f"--rows: unknown row {row!r}; expected some of {list(ROWS)}")
+        if count and not (count.isdigit() and int(count) >= 1):
+            raise ValueError(f"--rows: {entry!r} should be ROW:SEEDS with SEEDS an integer >= 1")
+        rows[row] = int(count) if count else default_seeds(row)
+    if not rows:
+        raise ValueError("--rows: expected at least one row")
+    return rows
 
 
 def row_steps(row: str, base: str = "tiny") -> int:
@@ -491,15 +508,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speed", default="studies/results/update_speed.json",
                         help="studies/update_speed.py's JSON, tabulated in --doc when present")
     args = parser.parse_args(argv)
-    rows = {}
-    for entry in filter(None, args.rows.split(",")):
-        row, _, count = entry.partition(":")
-        if row not in ROWS:
-            parser.error(f"--rows: unknown row {row!r}; expected some of {list(ROWS)}")
-        if count and not (count.isdigit() and int(count) >= 1):
-            parser.error(f"--rows: {entry!r} should be ROW:SEEDS with SEEDS an integer >= 1")
-        default = args.seeds if row == TABLE1_ROW else args.ablation_seeds
-        rows[row] = int(count) if count else default
+    try:
+        rows = parse_rows(args.rows, lambda row: args.seeds if row == TABLE1_ROW
+                          else args.ablation_seeds)
+    except ValueError as error:
+        parser.error(str(error))
     if args.jobs < 1:
         parser.error(f"--jobs: expected an integer >= 1, got {args.jobs}")
     out, cache = Path(args.out), Path(args.cache)

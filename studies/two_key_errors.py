@@ -12,12 +12,12 @@ round), how often each label is right, and the estimated per-frame translation n
 ``t_norm`` and rotation (degrees), with the same numbers for the ground-truth renders, all
 read by the evaluation estimator: a model that moves too little reads a smaller ``t_norm`` or
 rotation than the truth. ``--base``: the shipped base world model; ``--weights``: a state dict
-of that model (default: the shipped weights). Two probes of what the model can be made to do on clip 1
-(whose only history frame is the prompt, which neither touches), on the tiny model only:
-``--latent-scale S`` reads
-every candidate's motion latents at S times their value (the motion embedding's weight scaled:
-wider speeds, turn rates and onsets than pretraining drew); ``--key-scale T,R`` scales the
-embeddings of the translation and the rotation keys. Results: docs/experiment_log.md.
+of that model (default: the shipped weights). Two probes of what the model can be made to do
+on clip 1 (whose only history frame is the prompt, which neither touches), on the tiny model
+only: ``--latent-scale S`` reads every candidate's motion latents at S times their value (the
+motion embedding's weight scaled: wider speeds, turn rates and onsets than pretraining drew);
+``--key-scale T,R`` scales the embeddings of the translation and the rotation keys. Results:
+docs/experiment_log.md.
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ import torch
 from safetensors.torch import load_file
 
 from wc_fast.actions import label_to_bits, split_action
-from wc_fast.config import preset
-from wc_fast.config import BASES
+from wc_fast.config import BASES, preset
 from wc_fast.models.pretrained import load_base_model
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.interaction import poses_to_labels, relative_motion, rotation_angles

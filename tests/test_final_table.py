@@ -30,7 +30,10 @@ def test_final_table_trains_evaluates_and_tabulates_paired_changes(tmp_path, mon
     def fake_evaluate(checkpoint, base, sequences, clips, path, log):
         assert log.parent == tmp_path / "runs"
         evaluated.append(checkpoint)
-        return _result(0.0 if checkpoint is None else 0.1)
+        result = _result(0.0 if checkpoint is None else 0.1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result))  # as `wc_fast.eval --json` writes it
+        return result
 
     monkeypatch.setattr(final_table, "run", fake_run)
     monkeypatch.setattr(final_table, "evaluate_final", fake_evaluate)

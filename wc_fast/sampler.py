@@ -4,8 +4,8 @@
 The deterministic Euler ODE ``x <- x + (s_{i+1} - s_i) v`` over :func:`sigma_schedule` starts
 each candidate from its own initial noise (``candidate_noise="independent"``, WorldCompass).
 The ``sde`` variant starts every candidate from ONE shared noise and injects fresh noise at
-each step (the DanceGRPO / Flow-GRPO sampling that WorldCompass ablates against). The last step to
-``s = 0`` is always the deterministic ``x - s v``, i.e. the x0 prediction.
+each step (the DanceGRPO / Flow-GRPO sampling that WorldCompass ablates against). The last
+step to ``s = 0`` is always the deterministic ``x - s v``, i.e. the x0 prediction.
 :meth:`ClipSampler.sample_sde` is Flow-GRPO's sampling for its update: per-candidate (or, as in
 DanceGRPO, shared) initial noise, SDE steps at every step but the last or in a window of them,
 and every stochastic step recorded with its log-probability. With ``noise_warp > 0`` every
@@ -97,8 +97,7 @@ class ClipSampler:
 
     def __init__(self, model: WorldModel, *, steps: int = 40, shift: float = 5.0,
                  capture: str = "auto", candidate_noise: str = "independent",
-                 sde_noise: float = 0.7,
-                 noise_warp: float = 0.0) -> None:
+                 sde_noise: float = 0.7, noise_warp: float = 0.0) -> None:
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
         if candidate_noise not in CANDIDATE_NOISE_MODES:
@@ -136,8 +135,9 @@ class ClipSampler:
         device = self._device()
         shape = self._clip_shape(num)
         if noise is None:
-            noise = torch.randn(shape if self.candidate_noise == "independent" else (1, *shape[1:]),
-                                generator=generator, device=device).expand(shape).contiguous()
+            drawn = shape if self.candidate_noise == "independent" else (1, *shape[1:])
+            noise = torch.randn(drawn, generator=generator, device=device
+                                ).expand(shape).contiguous()
             noise = self._warped(noise, actions)
         elif tuple(noise.shape) != shape:
             raise ValueError(f"noise must have shape {shape}, got {tuple(noise.shape)}")
