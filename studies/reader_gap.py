@@ -1,0 +1,250 @@
+"""Why the learned evaluation estimator and the classical camera fit read a model's action
+following differently: both readers on the same saved frames, frame by frame.
+
+    python -m wc_fast.eval --final --sequences 64 --save-frames runs/frames/base
+    python -m wc_fast.eval --final --sequences 64 --checkpoint CKPT --save-frames runs/frames/rl
+    python -m studies.reader_gap runs/frames/base runs/frames/rl [--set composite_2key]
+                                 [--blur 0.5,1,1.5] [--json OUT]
+
+Two readings of a gap between them are possible: the update learned what the learned
+estimators reward (frames an estimator reads as the command while the camera did not do it),
+or the fit misses motion that is there (generated frames are blurrier than true renders, and
+the fit aligns image gradients). For each frames directory (and for the true renders, sharp
+and Gaussian-blurred at ``--blur`` sigmas, so the fit's sensitivity to blur is measured where
+the truth is known), on clip 1 (the trained clip) and on all clips, per reader:
+
+- ``acc``: full-action accuracy by the evaluation's rule (best translation threshold per clip);
+- ``trans ok`` / ``rot ok``: how often each half of the label is right, at that threshold;
+- ``|t|`` and ``rot``: the read per-frame translation norm and rotation (degrees);
+
+and between the readers: ``agree`` (same full label), ``est only`` (a frame the estimator reads
+as the command and the fit does not), ``fit only``; ``sharp`` is the frames' mean luminance
+gradient magnitude. Composite sets are also split by kind of command (TR: one translation and
+one rotation key; RR: two rotations; TT: two translations), the accuracy by each reader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch import Tensor
+
+from wc_fast.actions import label_to_bits, split_action
+from wc_fast.config import preset
+from wc_fast.eval import EvalSettings
+from wc_fast.evaluation import fit_path
+from wc_fast.evaluation.camera_fit import luminance
+from wc_fast.evaluation.report import clip_windows
+from wc_fast.rewards import load_estimator
+from wc_fast.rewards.degrade import gaussian_blur
+from wc_fast.rewards.interaction import poses_to_labels, relative_motion, rotation_angles
+
+READERS = ("est", "fit")
+# translation keys pressed by a two-key command -> its kind
+KIND_OF_TRANSLATION_KEYS = {2: "TT", 1: "TR", 0: "RR"}
+
+
+def read_labels(c2w: Tensor, trans_gt: Tensor, rot_gt: Tensor, *,
+                trans_thresholds: Sequence[float], rot_threshold_deg: float
+                ) -> tuple[Tensor, Tensor]:
+    """Per-frame (translation, rotation) labels ``[W, F]`` of clip windows ``[W, F+1, 4, 4]``,
+    the translation labels at each window's best threshold for full-action accuracy (the
+    evaluation's rule, :func:`wc_fast.rewards.interaction.action_accuracy`)."""
+    per = [poses_to_labels(c2w, trans_threshold=t, rot_threshold_deg=rot_threshold_deg)
+           for t in trans_thresholds]
+    trans = torch.stack([labels[0] for labels in per])  # [M, W, F]
+    rot = per[0][1]
+    hits = ((trans == trans_gt) & (rot == rot_gt)).double().mean(-1)  # [M, W]
+    best = hits.argmax(0)  # the first best threshold, as amax's value
+    return trans.gather(0, best[None, :, None].expand(1, *trans.shape[1:]))[0], rot
+
+
+def motion_read(c2w: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-frame translation norm and rotation angle (degrees) ``[W, F]`` of windows
+    ``[W, F+1, 4, 4]``."""
+    rel = relative_motion(c2w)
+    pitch, yaw = rotation_angles(rel)
+    return rel[..., :3, 3].norm(dim=-1), torch.hypot(pitch, yaw)
+
+
+def sharpness(frames: Tensor) -> float:
+    """Mean luminance gradient magnitude of the new frames of ``[n, T, 3, H, W]``."""
+    lum = luminance(frames[:, 1:])
+    gx, gy = lum[..., :, 1:] - lum[..., :, :-1], lum[..., 1:, :] - lum[..., :-1, :]
+    return float((gx[..., :-1, :] ** 2 + gy[..., :, :-1] ** 2).sqrt().mean())
+
+
+def blur_frames(frames: Tensor, sigma: float) -> Tensor:
+    """``[n, T, 3, H, W]`` blurred frame by frame (Gaussian, ``sigma`` pixels)."""
+    flat = frames.flatten(0, 1)
+    out = gaussian_blur(flat, torch.full((flat.shape[0],), sigma, dtype=flat.dtype))
+    return out.reshape(frames.shape)
+
+
+def reader_poses(frames: Tensor, clip_frames: int, estimator) -> dict[str, Tensor]:
+    """Each reader's camera windows ``[n, N, F+1, 4, 4]`` of sequences ``[n, T, 3, H, W]``:
+    the estimator reads each clip window, the fit the whole path (as the evaluation does)."""
+    windows = clip_windows(frames, clip_frames)
+    n, clips = windows.shape[:2]
+    with torch.no_grad():
+        est = estimator(windows.flatten(0, 1)).double().reshape(n, clips, clip_frames + 1, 4, 4)
+    return {"est": est, "fit": clip_windows(fit_path(frames), clip_frames)}
+
+
+def compare_readers(poses: dict[str, Tensor], actions: Tensor, *, clips: slice,
+                    settings: EvalSettings) -> dict[str, float]:
+    """Both readers' numbers and their agreement on the clips ``clips`` of windows
+    ``[n, N, F+1, 4, 4]`` commanded by ``actions`` ``[n, N*F]``."""
+    n, total, f1 = poses["est"].shape[:3]
+    trans_gt, rot_gt = split_action(actions.reshape(n, total, f1 - 1)[:, clips].flatten(0, 1))
+    row: dict[str, float] = {}
+    hit = {}
+    labels = {}
+    for reader in READERS:
+        c2w = poses[reader][:, clips].flatten(0, 1)
+        trans, rot = read_labels(c2w, trans_gt, rot_gt,
+                                 trans_thresholds=settings.trans_thresholds,
+                                 rot_threshold_deg=settings.rot_threshold_deg)
+        t_norm, rot_deg = motion_read(c2w)
+        hit[reader] = (trans == trans_gt) & (rot == rot_gt)
+        labels[reader] = (trans, rot)
+        row |= {f"{reader} acc": hit[reader].double().mean().item(),
+                f"{reader} trans ok": (trans == trans_gt).double().mean().item(),
+                f"{reader} rot ok": (rot == rot_gt).double().mean().item(),
+                f"{reader} |t|": t_norm.mean().item(), f"{reader} rot": rot_deg.mean().item()}
+    same = (labels["est"][0] == labels["fit"][0]) & (labels["est"][1] == labels["fit"][1])
+    row |= {"agree": same.double().mean().item(),
+            "est only": (hit["est"] & ~hit["fit"]).double().mean().item(),
+            "fit only": (hit["fit"] & ~hit["est"]).double().mean().item()}
+    return row
+
+
+def kind_accuracy(poses: dict[str, Tensor], actions: Tensor, *, clips: slice,
+                  settings: EvalSettings) -> dict[str, dict[str, float]]:
+    """Per kind of two-key command (TR / RR / TT, by the clip's first frame's command), each
+    reader's accuracy and the number of clips, on the clips ``clips``."""
+    n, total, f1 = poses["est"].shape[:3]
+    commands = actions.reshape(n, total, f1 - 1)[:, clips].flatten(0, 1)
+    translation_keys = label_to_bits(split_action(commands[:, 0])[0]).sum(-1)
+    out = {}
+    for keys, kind in KIND_OF_TRANSLATION_KEYS.items():
+        chosen = translation_keys == keys
+        if not chosen.any():
+            continue
+        per_kind = {reader: window[:, clips].flatten(0, 1)[chosen]
+                    for reader, window in poses.items()}
+        sub = compare_readers({r: p[:, None] for r, p in per_kind.items()},
+                              commands[chosen], clips=slice(0, 1), settings=settings)
+        out[kind] = {"clips": int(chosen.sum()), "est acc": sub["est acc"],
+                     "fit acc": sub["fit acc"]}
+    return out
+
+
+def load_set(directory: str | Path, kind: str) -> dict[str, Tensor]:
+    """The arrays of ``directory/<kind>.npz`` (written by ``python -m wc_fast.eval
+    --save-frames``) as tensors."""
+    path = Path(directory) / f"{kind}.npz"
+    if not path.is_file():
+        raise ValueError(f"no {path}: write it with python -m wc_fast.eval --save-frames "
+                         f"{directory}")
+    with np.load(path) as data:
+        return {key: torch.from_numpy(data[key]) for key in data.files}
+
+
+def study(directories: Sequence[str | Path], *, kind: str, blur: Sequence[float],
+          clip_frames: int, settings: EvalSettings, estimator=None) -> dict:
+    """Rows (``name -> {"sharp", "clip1": {...}, "all": {...}, "kinds": {...}}``) of every
+    directory's generated frames, then the true renders of the first one, sharp and blurred.
+    All directories must hold the same commands (one evaluation seed set)."""
+    if not directories:
+        raise ValueError("directories must name at least one --save-frames directory")
+    estimator = estimator or load_estimator("eval")
+    sets = [load_set(d, kind) for d in directories]
+    actions = sets[0]["actions"]
+    for directory, data in zip(directories, sets, strict=True):
+        if not torch.equal(data["actions"], actions):
+            raise ValueError(f"{directory} holds other commands than {directories[0]}: "
+                             f"save every model's frames with the same evaluation seeds")
+    frames = {str(d): s["generated"] for d, s in zip(directories, sets, strict=True)}
+    truth = sets[0]["ground_truth"]
+    frames["true renders"] = truth
+    for sigma in blur:
+        frames[f"true renders, blur {sigma:g}"] = blur_frames(truth, sigma)
+    clips = actions.shape[1] // clip_frames
+    rows = {}
+    for name, x in frames.items():
+        poses = reader_poses(x, clip_frames, estimator)
+        rows[name] = {"sharp": sharpness(x)}
+        for label, sl in (("clip1", slice(0, 1)), ("all", slice(0, clips))):
+            rows[name][label] = compare_readers(poses, actions, clips=sl, settings=settings)
+        if kind.startswith("composite"):
+            rows[name]["kinds"] = kind_accuracy(poses, actions, clips=slice(0, 1),
+                                                settings=settings)
+    return rows
+
+
+def print_rows(rows: dict, console: Console) -> None:
+    """One table per slice of clips: each row's readers side by side."""
+    columns = ("est acc", "fit acc", "agree", "est only", "fit only", "est trans ok",
+               "fit trans ok", "est rot ok", "fit rot ok", "est |t|", "fit |t|", "est rot",
+               "fit rot")
+    for label in ("clip1", "all"):
+        table = Table(title=f"readers on {'clip 1' if label == 'clip1' else 'all clips'}")
+        for col in ("frames", "sharp", *columns):
+            table.add_column(col, justify="left" if col == "frames" else "right")
+        for name, row in rows.items():
+            table.add_row(name, f"{row['sharp']:.4f}",
+                          *(f"{row[label][c]:.3f}" for c in columns))
+        console.print(table)
+    if any("kinds" in row for row in rows.values()):
+        table = Table(title="clip 1 by kind of command (clips): estimator / fit accuracy")
+        kinds = list(KIND_OF_TRANSLATION_KEYS.values())
+        for col in ("frames", *kinds):
+            table.add_column(col, justify="left" if col == "frames" else "right")
+        for name, row in rows.items():
+            cells = [(f"{row['kinds'][k]['est acc']:.2f} / {row['kinds'][k]['fit acc']:.2f} "
+                      f"({row['kinds'][k]['clips']})") if k in row["kinds"] else "-"
+                     for k in kinds]
+            table.add_row(name, *cells)
+        console.print(table)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m studies.reader_gap",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("directories", nargs="+", help="--save-frames directories of wc_fast.eval")
+    p.add_argument("--set", default="composite_2key",
+                   choices=("basic", "composite", "composite_2key"), help="evaluation set")
+    p.add_argument("--blur", default="0.5,1,1.5",
+                   help="Gaussian sigmas (pixels) at which to blur the true renders")
+    p.add_argument("--clip-frames", type=int, default=4, help="frames per clip")
+    p.add_argument("--preset", default="cpu",
+                   help="preset whose label thresholds to use (as wc_fast.eval --preset)")
+    p.add_argument("--json", default=None, help="write the rows here")
+    args = p.parse_args(argv)
+    try:
+        blur = [float(s) for s in args.blur.split(",") if s]
+    except ValueError:
+        p.error(f"--blur must be comma-separated numbers, got {args.blur!r}")
+    if any(s <= 0 for s in blur):
+        p.error(f"--blur sigmas must be > 0, got {args.blur!r}")
+    settings = EvalSettings.from_config(preset(args.preset))
+    rows = study(args.directories, kind=args.set, blur=blur, clip_frames=args.clip_frames,
+                 settings=settings)
+    print_rows(rows, Console())
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
