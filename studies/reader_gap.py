@@ -1,5 +1,5 @@
-"""Why the learned evaluation estimator and the classical camera fit read a model's action
-following differently: both readers on the same saved frames, frame by frame.
+"""Why the learned estimators and the classical camera fit read a model's action
+following differently: the readers side by side on the same saved frames, frame by frame.
 
     python -m wc_fast.eval --final --sequences 64 --save-frames runs/frames/base
     python -m wc_fast.eval --final --sequences 64 --checkpoint CKPT --save-frames runs/frames/rl
@@ -11,7 +11,9 @@ estimators reward (frames an estimator reads as the command while the camera did
 or the fit misses motion that is there (generated frames are blurrier than true renders, and
 the fit aligns image gradients). For each frames directory (and for the true renders, sharp
 and Gaussian-blurred at ``--blur`` sigmas, so the fit's sensitivity to blur is measured where
-the truth is known), on clip 1 (the trained clip) and on all clips, per reader:
+the truth is known), on clip 1 (the trained clip) and on all clips, per reader (``est``: the
+evaluation estimator; ``rew``: the RL reward's estimator, a different network trained on the
+same world; ``fit``: the classical camera fit):
 
 - ``acc``: full-action accuracy by the evaluation's rule (best translation threshold per clip);
 - ``trans ok`` / ``rot ok``: how often each half of the label is right, at that threshold;
@@ -46,7 +48,8 @@ from wc_fast.rewards import load_estimator
 from wc_fast.rewards.degrade import gaussian_blur
 from wc_fast.rewards.interaction import poses_to_labels, relative_motion, rotation_angles
 
-READERS = ("est", "fit")
+# the evaluation estimator, the RL reward's estimator and the classical fit
+READERS = ("est", "rew", "fit")
 # translation keys pressed by a two-key command -> its kind
 KIND_OF_TRANSLATION_KEYS = {2: "TT", 1: "TR", 0: "RR"}
 
@@ -88,27 +91,32 @@ def blur_frames(frames: Tensor, sigma: float) -> Tensor:
     return out.reshape(frames.shape)
 
 
-def reader_poses(frames: Tensor, clip_frames: int, estimator) -> dict[str, Tensor]:
+def reader_poses(frames: Tensor, clip_frames: int, estimators: dict) -> dict[str, Tensor]:
     """Each reader's camera windows ``[n, N, F+1, 4, 4]`` of sequences ``[n, T, 3, H, W]``:
-    the estimator reads each clip window, the fit the whole path (as the evaluation does)."""
+    the estimators (``{"est": ..., "rew": ...}``) read each clip window, the fit the whole path
+    (as the evaluation does)."""
     windows = clip_windows(frames, clip_frames)
     n, clips = windows.shape[:2]
+    poses = {}
     with torch.no_grad():
-        est = estimator(windows.flatten(0, 1)).double().reshape(n, clips, clip_frames + 1, 4, 4)
-    return {"est": est, "fit": clip_windows(fit_path(frames), clip_frames)}
+        for name, estimator in estimators.items():
+            poses[name] = estimator(windows.flatten(0, 1)).double().reshape(
+                n, clips, clip_frames + 1, 4, 4)
+    return {**poses, "fit": clip_windows(fit_path(frames), clip_frames)}
 
 
 def compare_readers(poses: dict[str, Tensor], actions: Tensor, *, clips: slice,
                     settings: EvalSettings) -> dict[str, float]:
-    """Both readers' numbers and their agreement on the clips ``clips`` of windows
-    ``[n, N, F+1, 4, 4]`` commanded by ``actions`` ``[n, N*F]``."""
+    """Each reader's numbers, and the agreement of ``est`` and ``fit``, on the clips ``clips``
+    of windows ``[n, N, F+1, 4, 4]`` (one entry per reader of :data:`READERS`, ``est`` and
+    ``fit`` required) commanded by ``actions`` ``[n, N*F]``."""
     n, total, f1 = poses["est"].shape[:3]
     trans_gt, rot_gt = split_action(actions.reshape(n, total, f1 - 1)[:, clips].flatten(0, 1))
     row: dict[str, float] = {}
     hit = {}
     labels = {}
-    for reader in READERS:
-        c2w = poses[reader][:, clips].flatten(0, 1)
+    for reader, windows in poses.items():
+        c2w = windows[:, clips].flatten(0, 1)
         trans, rot = read_labels(c2w, trans_gt, rot_gt,
                                  trans_thresholds=settings.trans_thresholds,
                                  rot_threshold_deg=settings.rot_threshold_deg)
@@ -142,8 +150,8 @@ def kind_accuracy(poses: dict[str, Tensor], actions: Tensor, *, clips: slice,
                     for reader, window in poses.items()}
         sub = compare_readers({r: p[:, None] for r, p in per_kind.items()},
                               commands[chosen], clips=slice(0, 1), settings=settings)
-        out[kind] = {"clips": int(chosen.sum()), "est acc": sub["est acc"],
-                     "fit acc": sub["fit acc"]}
+        out[kind] = {"clips": int(chosen.sum()),
+                     **{f"{r} acc": sub[f"{r} acc"] for r in poses}}
     return out
 
 
@@ -159,13 +167,13 @@ def load_set(directory: str | Path, kind: str) -> dict[str, Tensor]:
 
 
 def study(directories: Sequence[str | Path], *, kind: str, blur: Sequence[float],
-          clip_frames: int, settings: EvalSettings, estimator=None) -> dict:
+          clip_frames: int, settings: EvalSettings, estimators: dict | None = None) -> dict:
     """Rows (``name -> {"sharp", "clip1": {...}, "all": {...}, "kinds": {...}}``) of every
     directory's generated frames, then the true renders of the first one, sharp and blurred.
     All directories must hold the same commands (one evaluation seed set)."""
     if not directories:
         raise ValueError("directories must name at least one --save-frames directory")
-    estimator = estimator or load_estimator("eval")
+    estimators = estimators or {"est": load_estimator("eval"), "rew": load_estimator("reward")}
     sets = [load_set(d, kind) for d in directories]
     actions = sets[0]["actions"]
     for directory, data in zip(directories, sets, strict=True):
@@ -180,7 +188,7 @@ def study(directories: Sequence[str | Path], *, kind: str, blur: Sequence[float]
     clips = actions.shape[1] // clip_frames
     rows = {}
     for name, x in frames.items():
-        poses = reader_poses(x, clip_frames, estimator)
+        poses = reader_poses(x, clip_frames, estimators)
         rows[name] = {"sharp": sharpness(x)}
         for label, sl in (("clip1", slice(0, 1)), ("all", slice(0, clips))):
             rows[name][label] = compare_readers(poses, actions, clips=sl, settings=settings)
@@ -192,7 +200,7 @@ def study(directories: Sequence[str | Path], *, kind: str, blur: Sequence[float]
 
 def print_rows(rows: dict, console: Console) -> None:
     """One table per slice of clips: each row's readers side by side."""
-    columns = ("est acc", "fit acc", "agree", "est only", "fit only", "est trans ok",
+    columns = ("est acc", "rew acc", "fit acc", "agree", "est only", "fit only", "est trans ok",
                "fit trans ok", "est rot ok", "fit rot ok", "est |t|", "fit |t|", "est rot",
                "fit rot")
     for label in ("clip1", "all"):
@@ -204,13 +212,14 @@ def print_rows(rows: dict, console: Console) -> None:
                           *(f"{row[label][c]:.3f}" for c in columns))
         console.print(table)
     if any("kinds" in row for row in rows.values()):
-        table = Table(title="clip 1 by kind of command (clips): estimator / fit accuracy")
+        table = Table(title="clip 1 by kind of command (clips): accuracy by the evaluation "
+                            "estimator / the reward's estimator / the fit")
         kinds = list(KIND_OF_TRANSLATION_KEYS.values())
         for col in ("frames", *kinds):
             table.add_column(col, justify="left" if col == "frames" else "right")
         for name, row in rows.items():
-            cells = [(f"{row['kinds'][k]['est acc']:.2f} / {row['kinds'][k]['fit acc']:.2f} "
-                      f"({row['kinds'][k]['clips']})") if k in row["kinds"] else "-"
+            cells = [" / ".join(f"{row['kinds'][k][f'{r} acc']:.2f}" for r in READERS)
+                     + f" ({row['kinds'][k]['clips']})" if k in row["kinds"] else "-"
                      for k in kinds]
             table.add_row(name, *cells)
         console.print(table)
