@@ -4,22 +4,24 @@ following differently: the readers side by side on the same saved frames, frame 
     python -m wc_fast.eval --final --sequences 64 --save-frames runs/frames/base
     python -m wc_fast.eval --final --sequences 64 --checkpoint CKPT --save-frames runs/frames/rl
     python -m studies.reader_gap runs/frames/base runs/frames/rl [--set composite_2key]
-                                 [--blur 0.5,1,1.5] [--json OUT]
+                                 [--blur 0.5,1,1.5] [--noise 0.05] [--json OUT]
 
 Two readings of a gap between them are possible: the update learned what the learned
 estimators reward (frames an estimator reads as the command while the camera did not do it),
-or the fit misses motion that is there (generated frames are blurrier than true renders, and
-the fit aligns image gradients). For each frames directory (and for the true renders, sharp
-and Gaussian-blurred at ``--blur`` sigmas, so the fit's sensitivity to blur is measured where
-the truth is known), on clip 1 (the trained clip) and on all clips, per reader (``est``: the
-evaluation estimator; ``rew``: the RL reward's estimator, a different network trained on the
-same world; ``fit``: the classical camera fit):
+or the fit misses motion that is there (generated frames may be blurrier or noisier than true
+renders, and the fit aligns image gradients). For each frames directory (and for the true
+renders, sharp, Gaussian-blurred at ``--blur`` sigmas and with ``--noise``, so each reader's
+sensitivity to blur and noise is measured where the truth is known), on clip 1 (the trained
+clip) and on all clips, per reader (``est``: the evaluation estimator; ``rew``: the RL
+reward's estimator, a different network trained on the same world; ``fit``: the classical
+camera fit):
 
 - ``acc``: full-action accuracy by the evaluation's rule (best translation threshold per clip);
 - ``trans ok`` / ``rot ok``: how often each half of the label is right, at that threshold;
 - ``|t|`` and ``rot``: the read per-frame translation norm and rotation (degrees);
 
-and between the readers: ``agree`` (same full label), ``est only`` (a frame the estimator reads
+and between the readers: ``agree`` (the estimator and the fit give the same full label),
+``agree est/rew`` (the two learned estimators do), ``est only`` (a frame the estimator reads
 as the command and the fit does not), ``fit only``; ``sharp`` is the frames' mean luminance
 gradient magnitude. Composite sets are also split by kind of command (TR: one translation and
 one rotation key; RR: two rotations; TT: two translations), the accuracy by each reader.
@@ -91,6 +93,15 @@ def blur_frames(frames: Tensor, sigma: float) -> Tensor:
     return out.reshape(frames.shape)
 
 
+def add_noise(frames: Tensor, std: float, seed: int = 0) -> Tensor:
+    """``[n, T, 3, H, W]`` with Gaussian noise of ``std`` on every frame after the prompt,
+    clipped to [-1, 1]."""
+    out = frames.clone()
+    g = torch.Generator().manual_seed(seed)
+    out[:, 1:] = (out[:, 1:] + torch.randn(out[:, 1:].shape, generator=g) * std).clamp(-1, 1)
+    return out
+
+
 def reader_poses(frames: Tensor, clip_frames: int, estimators: dict) -> dict[str, Tensor]:
     """Each reader's camera windows ``[n, N, F+1, 4, 4]`` of sequences ``[n, T, 3, H, W]``:
     the estimators (``{"est": ..., "rew": ...}``) read each clip window, the fit the whole path
@@ -107,8 +118,9 @@ def reader_poses(frames: Tensor, clip_frames: int, estimators: dict) -> dict[str
 
 def compare_readers(poses: dict[str, Tensor], actions: Tensor, *, clips: slice,
                     settings: EvalSettings) -> dict[str, float]:
-    """Each reader's numbers, and the agreement of ``est`` and ``fit``, on the clips ``clips``
-    of windows ``[n, N, F+1, 4, 4]`` (one entry per reader of :data:`READERS`, ``est`` and
+    """Each reader's numbers, the agreement of ``est`` with ``fit`` (and with ``rew``), on the
+    clips ``clips``
+of windows ``[n, N, F+1, 4, 4]`` (one entry per reader of :data:`READERS`, ``est`` and
     ``fit`` required) commanded by ``actions`` ``[n, N*F]``."""
     n, total, f1 = poses["est"].shape[:3]
     trans_gt, rot_gt = split_action(actions.reshape(n, total, f1 - 1)[:, clips].flatten(0, 1))
@@ -127,8 +139,12 @@ def compare_readers(poses: dict[str, Tensor], actions: Tensor, *, clips: slice,
                 f"{reader} trans ok": (trans == trans_gt).double().mean().item(),
                 f"{reader} rot ok": (rot == rot_gt).double().mean().item(),
                 f"{reader} |t|": t_norm.mean().item(), f"{reader} rot": rot_deg.mean().item()}
-    same = (labels["est"][0] == labels["fit"][0]) & (labels["est"][1] == labels["fit"][1])
-    row |= {"agree": same.double().mean().item(),
+    def agree(a: str, b: str) -> float:
+        same = (labels[a][0] == labels[b][0]) & (labels[a][1] == labels[b][1])
+        return same.double().mean().item()
+
+    row |= {"agree": agree("est", "fit"),
+            **({"agree est/rew": agree("est", "rew")} if "rew" in labels else {}),
             "est only": (hit["est"] & ~hit["fit"]).double().mean().item(),
             "fit only": (hit["fit"] & ~hit["est"]).double().mean().item()}
     return row
@@ -167,9 +183,11 @@ def load_set(directory: str | Path, kind: str) -> dict[str, Tensor]:
 
 
 def study(directories: Sequence[str | Path], *, kind: str, blur: Sequence[float],
-          clip_frames: int, settings: EvalSettings, estimators: dict | None = None) -> dict:
+          clip_frames: int, settings: EvalSettings, noise: Sequence[float] = (),
+          estimators: dict | None = None) -> dict:
     """Rows (``name -> {"sharp", "clip1": {...}, "all": {...}, "kinds": {...}}``) of every
-    directory's generated frames, then the true renders of the first one, sharp and blurred.
+    directory's generated frames, then the true renders of the first one, sharp, blurred at
+    each sigma of ``blur`` and with noise of each std of ``noise``.
     All directories must hold the same commands (one evaluation seed set)."""
     if not directories:
         raise ValueError("directories must name at least one --save-frames directory")
@@ -185,6 +203,8 @@ def study(directories: Sequence[str | Path], *, kind: str, blur: Sequence[float]
     frames["true renders"] = truth
     for sigma in blur:
         frames[f"true renders, blur {sigma:g}"] = blur_frames(truth, sigma)
+    for std in noise:
+        frames[f"true renders, noise {std:g}"] = add_noise(truth, std)
     clips = actions.shape[1] // clip_frames
     rows = {}
     for name, x in frames.items():
@@ -199,29 +219,30 @@ def study(directories: Sequence[str | Path], *, kind: str, blur: Sequence[float]
 
 
 def print_rows(rows: dict, console: Console) -> None:
-    """One table per slice of clips: each row's readers side by side."""
-    columns = ("est acc", "rew acc", "fit acc", "agree", "est only", "fit only", "est trans ok",
-               "fit trans ok", "est rot ok", "fit rot ok", "est |t|", "fit |t|", "est rot",
-               "fit rot")
+    """One table per slice of clips, a column per frames source (directories by their last
+    name) and a row per measure; then clip 1 by kind of command."""
+    names = {name: Path(name).name if Path(name).name else name for name in rows}
+    measures = [m for m in next(iter(rows.values()))["clip1"]]
     for label in ("clip1", "all"):
         table = Table(title=f"readers on {'clip 1' if label == 'clip1' else 'all clips'}")
-        for col in ("frames", "sharp", *columns):
-            table.add_column(col, justify="left" if col == "frames" else "right")
-        for name, row in rows.items():
-            table.add_row(name, f"{row['sharp']:.4f}",
-                          *(f"{row[label][c]:.3f}" for c in columns))
+        table.add_column("measure")
+        for short in names.values():
+            table.add_column(short, justify="right")
+        table.add_row("sharp", *(f"{row['sharp']:.4f}" for row in rows.values()))
+        for m in measures:
+            table.add_row(m, *(f"{row[label][m]:.3f}" for row in rows.values()))
         console.print(table)
     if any("kinds" in row for row in rows.values()):
-        table = Table(title="clip 1 by kind of command (clips): accuracy by the evaluation "
-                            "estimator / the reward's estimator / the fit")
-        kinds = list(KIND_OF_TRANSLATION_KEYS.values())
-        for col in ("frames", *kinds):
-            table.add_column(col, justify="left" if col == "frames" else "right")
-        for name, row in rows.items():
-            cells = [" / ".join(f"{row['kinds'][k][f'{r} acc']:.2f}" for r in READERS)
-                     + f" ({row['kinds'][k]['clips']})" if k in row["kinds"] else "-"
-                     for k in kinds]
-            table.add_row(name, *cells)
+        table = Table(title="clip 1 by kind of command: accuracy by each reader (clips)")
+        table.add_column("kind, reader")
+        for short in names.values():
+            table.add_column(short, justify="right")
+        for kind in KIND_OF_TRANSLATION_KEYS.values():
+            for reader in READERS:
+                cells = [f"{row['kinds'][kind][f'{reader} acc']:.2f} "
+                         f"({row['kinds'][kind]['clips']})"
+                         if kind in row.get("kinds", {}) else "-" for row in rows.values()]
+                table.add_row(f"{kind}, {reader}", *cells)
         console.print(table)
 
 
@@ -233,20 +254,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                    choices=("basic", "composite", "composite_2key"), help="evaluation set")
     p.add_argument("--blur", default="0.5,1,1.5",
                    help="Gaussian sigmas (pixels) at which to blur the true renders")
+    p.add_argument("--noise", default="0.05",
+                   help="Gaussian noise stds (frames in [-1, 1]) to add to the true renders")
     p.add_argument("--clip-frames", type=int, default=4, help="frames per clip")
     p.add_argument("--preset", default="cpu",
                    help="preset whose label thresholds to use (as wc_fast.eval --preset)")
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
-    try:
-        blur = [float(s) for s in args.blur.split(",") if s]
-    except ValueError:
-        p.error(f"--blur must be comma-separated numbers, got {args.blur!r}")
-    if any(s <= 0 for s in blur):
-        p.error(f"--blur sigmas must be > 0, got {args.blur!r}")
+    levels = {}
+    for flag in ("blur", "noise"):
+        text = getattr(args, flag)
+        try:
+            levels[flag] = [float(v) for v in text.split(",") if v]
+        except ValueError:
+            p.error(f"--{flag} must be comma-separated numbers, got {text!r}")
+        if any(v <= 0 for v in levels[flag]):
+            p.error(f"--{flag} values must be > 0, got {text!r}")
     settings = EvalSettings.from_config(preset(args.preset))
-    rows = study(args.directories, kind=args.set, blur=blur, clip_frames=args.clip_frames,
-                 settings=settings)
+    rows = study(args.directories, kind=args.set, blur=levels["blur"], noise=levels["noise"],
+                 clip_frames=args.clip_frames, settings=settings)
     print_rows(rows, Console())
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

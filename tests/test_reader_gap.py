@@ -75,12 +75,14 @@ def saved(tmp_path_factory):
 def test_study_reads_saved_true_renders_as_the_truth_row(saved):
     root, _ = saved
     rows = reader_gap.study([root / "truth", root / "flipped"], kind="composite_2key",
-                            blur=(1.0,), clip_frames=4, settings=SETTINGS)
+                            blur=(1.0,), noise=(0.05,), clip_frames=4, settings=SETTINGS)
     assert list(rows) == [str(root / "truth"), str(root / "flipped"), "true renders",
-                          "true renders, blur 1"]
+                          "true renders, blur 1", "true renders, noise 0.05"]
     assert rows[str(root / "truth")] == rows["true renders"]
     flipped = rows[str(root / "flipped")]["all"]
     assert flipped != rows["true renders"]["all"]
+    truth = rows["true renders"]["all"]
+    assert 0.0 <= truth["agree est/rew"] <= 1.0 and truth["agree"] >= truth["est only"]
     for row in rows.values():
         assert set(row["kinds"]) <= {"TR", "RR", "TT"}
         assert sum(k["clips"] for k in row["kinds"].values()) == 3
@@ -102,7 +104,17 @@ def test_study_refuses_other_commands_and_missing_sets(saved, tmp_path):
         reader_gap.study([], kind="basic", blur=(), clip_frames=4, settings=SETTINGS)
 
 
-def test_cli_refuses_bad_blur(saved):
+@pytest.mark.parametrize("flag", ["--blur", "--noise"])
+@pytest.mark.parametrize("value", ["0", "x"])
+def test_cli_refuses_bad_levels(saved, flag, value, capsys):
     root, _ = saved
     with pytest.raises(SystemExit):
-        reader_gap.main([str(root / "truth"), "--blur", "0"])
+        reader_gap.main([str(root / "truth"), flag, value])
+    assert flag in capsys.readouterr().err
+
+
+def test_noise_leaves_the_prompt_and_stays_in_range():
+    frames = torch.rand(2, 5, 3, 8, 8, generator=torch.Generator().manual_seed(5)) * 2 - 1
+    noisy = reader_gap.add_noise(frames, 0.5)
+    assert torch.equal(noisy[:, 0], frames[:, 0]) and not torch.equal(noisy[:, 1:], frames[:, 1:])
+    assert noisy.abs().max() <= 1.0
