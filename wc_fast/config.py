@@ -747,8 +747,8 @@ def apply_base(cfg: Config, name: str) -> None:
 
 def apply_pretrain_base(run: PretrainRun, name: str) -> None:
     """Set a pretraining run's model to the embedded base world model ``name`` (as
-    :func:`apply_base`) and, for ``wan``, its pretraining: from scratch on basic keys only
-    for at most 55 minutes."""
+    :func:`apply_base`) and, for ``wan``, its first stage's pretraining: basic keys only, for
+    at most 55 minutes (the later stages' overrides: docs/base_model.md)."""
     if not _base_model(run.model, name):
         return
     pt = run.pretrain
