@@ -9,8 +9,8 @@
 #
 # Clips are rendered on the CPU (4 threads per job), the networks train on the GPU. Writes
 # OUT_DIR/estimators.tgz (both estimators and every job's log), OUT_DIR/base_0.1.tgz and
-# OUT_DIR/base_0.0.tgz (weights, card, loss log), OUT_DIR/wan_base.tgz (the three Wan stages'
-# weights, cards and loss logs) and OUT_DIR/assets.log. Needs nothing from a
+# OUT_DIR/base_0.0.tgz (weights, card, loss log), OUT_DIR/wan_base.tgz (the last Wan stage's
+# weights, every stage's card and loss log) and OUT_DIR/assets.log. Needs nothing from a
 # registry: runs from the source tree with the machine's python3 and torch
 # (bench/pythonpath.sh).
 set -uo pipefail
@@ -72,6 +72,8 @@ for fraction in 0.1 0.0; do
     (cd "$work" && tar czf "$out/base_$fraction.tgz" "pretrain_$fraction"/base_model.* \
         "pretrain_$fraction"/loss.jsonl)
 done
-(cd "$work" && tar czf "$out/wan_base.tgz" wan_s*/base_model.* wan_s*/loss.jsonl)
+# the last stage's weights (the shipped model), every stage's card and loss log
+(cd "$work" && tar czf "$out/wan_base.tgz" wan_s3/base_model.safetensors wan_s*/base_model.json \
+    wan_s*/loss.jsonl)
 echo "gpu_assets: status $status in ${SECONDS}s"; du -h "$out"/*.tgz
 exit "$status"
