@@ -47,7 +47,7 @@ from wc_fast.evaluation import fit_path
 from wc_fast.evaluation.camera_fit import luminance
 from wc_fast.evaluation.report import clip_windows
 from wc_fast.rewards import load_estimator
-from wc_fast.rewards.degrade import gaussian_blur
+from wc_fast.rewards.degrade import add_noise, gaussian_blur
 from wc_fast.rewards.interaction import poses_to_labels, relative_motion, rotation_angles
 
 # the evaluation estimator, the RL reward's estimator and the classical fit
@@ -93,13 +93,19 @@ def blur_frames(frames: Tensor, sigma: float) -> Tensor:
     return out.reshape(frames.shape)
 
 
-def add_noise(frames: Tensor, std: float, seed: int = 0) -> Tensor:
+def noisy_frames(frames: Tensor, std: float, seed: int = 0) -> Tensor:
     """``[n, T, 3, H, W]`` with Gaussian noise of ``std`` on every frame after the prompt,
-    clipped to [-1, 1]."""
-    out = frames.clone()
-    g = torch.Generator().manual_seed(seed)
-    out[:, 1:] = (out[:, 1:] + torch.randn(out[:, 1:].shape, generator=g) * std).clamp(-1, 1)
-    return out
+    clipped to [-1, 1] (:func:`wc_fast.rewards.degrade.add_noise`)."""
+    new = frames[:, 1:].flatten(0, 1)
+    noisy = add_noise(new, torch.full((new.shape[0],), std, dtype=new.dtype),
+                      torch.Generator().manual_seed(seed))
+    return torch.cat([frames[:, :1], noisy.reshape(frames[:, 1:].shape)], 1)
+
+
+def clip_commands(actions: Tensor, clips: slice, clip_frames: int) -> Tensor:
+    """The commands ``[n * len(clips), F]`` of the clips ``clips`` of ``actions`` ``[n, N*F]``."""
+    n = actions.shape[0]
+    return actions.reshape(n, -1, clip_frames)[:, clips].flatten(0, 1)
 
 
 def reader_poses(frames: Tensor, clip_frames: int, estimators: dict) -> dict[str, Tensor]:
@@ -118,12 +124,10 @@ def reader_poses(frames: Tensor, clip_frames: int, estimators: dict) -> dict[str
 
 def compare_readers(poses: dict[str, Tensor], actions: Tensor, *, clips: slice,
                     settings: EvalSettings) -> dict[str, float]:
-    """Each reader's numbers, the agreement of ``est`` with ``fit`` (and with ``rew``), on the
-    clips ``clips``
-of windows ``[n, N, F+1, 4, 4]`` (one entry per reader of :data:`READERS`, ``est`` and
-    ``fit`` required) commanded by ``actions`` ``[n, N*F]``."""
-    n, total, f1 = poses["est"].shape[:3]
-    trans_gt, rot_gt = split_action(actions.reshape(n, total, f1 - 1)[:, clips].flatten(0, 1))
+    """Each reader's numbers, and the agreement of ``est`` with ``fit`` (and with ``rew``), on
+    the clips ``clips`` of windows ``[n, N, F+1, 4, 4]`` (one entry per reader of
+    :data:`READERS`, ``est`` and ``fit`` required) commanded by ``actions`` ``[n, N*F]``."""
+    trans_gt, rot_gt = split_action(clip_commands(actions, clips, poses["est"].shape[2] - 1))
     row: dict[str, float] = {}
     hit = {}
     labels = {}
@@ -139,6 +143,7 @@ of windows ``[n, N, F+1, 4, 4]`` (one entry per reader of :data:`READERS`, ``est
                 f"{reader} trans ok": (trans == trans_gt).double().mean().item(),
                 f"{reader} rot ok": (rot == rot_gt).double().mean().item(),
                 f"{reader} |t|": t_norm.mean().item(), f"{reader} rot": rot_deg.mean().item()}
+
     def agree(a: str, b: str) -> float:
         same = (labels[a][0] == labels[b][0]) & (labels[a][1] == labels[b][1])
         return same.double().mean().item()
@@ -154,8 +159,7 @@ def kind_accuracy(poses: dict[str, Tensor], actions: Tensor, *, clips: slice,
                   settings: EvalSettings) -> dict[str, dict[str, float]]:
     """Per kind of two-key command (TR / RR / TT, by the clip's first frame's command), each
     reader's accuracy and the number of clips, on the clips ``clips``."""
-    n, total, f1 = poses["est"].shape[:3]
-    commands = actions.reshape(n, total, f1 - 1)[:, clips].flatten(0, 1)
+    commands = clip_commands(actions, clips, poses["est"].shape[2] - 1)
     translation_keys = label_to_bits(split_action(commands[:, 0])[0]).sum(-1)
     out = {}
     for keys, kind in KIND_OF_TRANSLATION_KEYS.items():
@@ -204,7 +208,7 @@ def study(directories: Sequence[str | Path], *, kind: str, blur: Sequence[float]
     for sigma in blur:
         frames[f"true renders, blur {sigma:g}"] = blur_frames(truth, sigma)
     for std in noise:
-        frames[f"true renders, noise {std:g}"] = add_noise(truth, std)
+        frames[f"true renders, noise {std:g}"] = noisy_frames(truth, std)
     clips = actions.shape[1] // clip_frames
     rows = {}
     for name, x in frames.items():

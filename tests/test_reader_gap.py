@@ -115,6 +115,6 @@ def test_cli_refuses_bad_levels(saved, flag, value, capsys):
 
 def test_noise_leaves_the_prompt_and_stays_in_range():
     frames = torch.rand(2, 5, 3, 8, 8, generator=torch.Generator().manual_seed(5)) * 2 - 1
-    noisy = reader_gap.add_noise(frames, 0.5)
+    noisy = reader_gap.noisy_frames(frames, 0.5)
     assert torch.equal(noisy[:, 0], frames[:, 0]) and not torch.equal(noisy[:, 1:], frames[:, 1:])
     assert noisy.abs().max() <= 1.0
