@@ -109,6 +109,8 @@ ROWS = {"recipe": [], "recipe_no_exploration": NO_EXPLORATION,
         # the tiny model's keys-to-motion branch, which no other backbone has, left out
         "recipe_no_pose_branch": ["--model.pose_branch", "false"],
         "recipe_if_only": ["--reward.kind", "if"],
+        # every weight trained, at a sixth of the conditioning's learning rate
+        "recipe_all_weights": ["--optim.trainable", "all", "--optim.lr", "1e-4"],
         "recipe_warp": WARP_RECIPE,
         "recipe_sde": ["--rollout.candidate_noise", "sde", *NO_EXPLORATION]} | {
     f"recipe_{name}": [*NO_EXPLORATION, *GRPO_FAMILY[name]]
@@ -158,6 +160,7 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "recipe_no_exploration": "default recipe, no exploration in camera motion",
           "recipe_no_pose_branch": "default recipe without the keys-to-motion branch",
           "recipe_if_only": "default recipe, IF reward only",
+          "recipe_all_weights": "default recipe, every weight trained (lr 1e-4)",
           "recipe_warp": "warp recipe: the default with the warp head's exploration instead "
                          "(the previous default)",
           "recipe_sde": "default recipe without exploration in motion, same-noise SDE "

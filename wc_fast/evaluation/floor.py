@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from wc_fast.runtime import uniform
-from wc_fast.world import render, sample_scenes, start_poses
+from wc_fast.world import Scenes, render, sample_scenes, start_poses
 from wc_fast.world.motion import (
     ONSET_RANGE,
     ROTATION_STEP_DEG,
@@ -32,6 +32,14 @@ def draw_motion_factors(n: int, segments: int, seed: int) -> Tensor:
     return torch.stack([uniform(gen, (n, segments), *r, dtype=torch.float64) for r in ranges], -1)
 
 
+def sequence_scenes(data_seed: int, n: int) -> tuple[Scenes, Tensor]:
+    """The scenes and start poses ``[n, 4, 4]`` that :func:`wc_fast.world.sample_sequences`
+    draws first from ``data_seed``, in that order, for ``n`` sequences."""
+    gen = torch.Generator().manual_seed(data_seed)
+    scenes = sample_scenes(n, gen)
+    return scenes, start_poses(scenes, gen, max_pitch_deg=0.0)
+
+
 def render_sequences(data_seed: int, actions: Tensor, motion_factors: Tensor, *,
                      segment_frames: int, resolution: int) -> Tensor:
     """Frames ``[n, 1 + K, 3, R, R]`` of the scenes and start poses that
@@ -43,9 +51,7 @@ def render_sequences(data_seed: int, actions: Tensor, motion_factors: Tensor, *,
         raise ValueError(f"motion_factors must be [n, K / segment_frames, 3] = "
                          f"[{n}, {frames // segment_frames}, 3], got "
                          f"{tuple(motion_factors.shape)}")
-    gen = torch.Generator().manual_seed(data_seed)
-    scenes = sample_scenes(n, gen)
-    start = start_poses(scenes, gen, max_pitch_deg=0.0)
+    scenes, start = sequence_scenes(data_seed, n)
     per_frame = motion_factors.double().repeat_interleave(segment_frames, 1)  # [n, K, 3]
     first = (torch.arange(frames) % segment_frames == 0).double()
     ramp = 1 + first * (per_frame[..., 2] - 1)
