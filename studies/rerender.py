@@ -27,7 +27,9 @@ classical fit, ``render``, and the ``true`` and ``commanded`` camera paths for r
 
 and the disputes: of the frames the estimator reads as the command and the fit does not
 (``est only``), the share the ``render`` reader reads as the command, and the same for
-``fit only``.
+``fit only``. Every directory after the first gets each reader's accuracy change from the
+first, with a paired 95% bootstrap interval over sequences (``change``); ``per_sequence``
+holds each reader's accuracy per sequence.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from studies.reader_gap import load_set, read_labels, reader_poses
 from wc_fast.actions import split_action
 from wc_fast.config import preset
 from wc_fast.eval import FINAL_EVAL_SEED, KINDS, EvalSettings
+from wc_fast.evaluation.bootstrap import paired_bootstrap
 from wc_fast.evaluation.floor import sequence_scenes
 from wc_fast.evaluation.psnr_ssim import mse, psnr_clamped
 from wc_fast.rewards import load_estimator
@@ -127,7 +130,7 @@ def read_source(frames: Tensor, paths: dict[str, Tensor], commands: Tensor, *,
     poses["render"] = render_track(scenes, start, frames, grid)
     poses |= {name: anchored(p, start) for name, p in paths.items()}
     trans_gt, rot_gt = split_action(commands)
-    labels, hit, row = {}, {}, {}
+    labels, hit, row = {}, {}, {"per_sequence": {}}
     for name, c2w in poses.items():
         trans, rot = read_labels(c2w, trans_gt, rot_gt,
                                  trans_thresholds=settings.trans_thresholds,
@@ -135,6 +138,7 @@ def read_source(frames: Tensor, paths: dict[str, Tensor], commands: Tensor, *,
         labels[name], hit[name] = (trans, rot), (trans == trans_gt) & (rot == rot_gt)
         shown = render(scenes, c2w, resolution=frames.shape[-1])[:, 1:]
         row[f"{name} acc"] = hit[name].double().mean().item()
+        row["per_sequence"][name] = hit[name].double().mean(1).tolist()
         row[f"{name} psnr"] = psnr_clamped(shown, frames[:, 1:]).mean().item()
     for name in poses:
         same = ((labels[name][0] == labels["render"][0])
@@ -175,14 +179,21 @@ def study(directories: Sequence[str | Path], *, kind: str, settings: EvalSetting
     grid = motion_grid(factors)
     sources = {str(d): s["generated"][:, clip] for d, s in zip(directories, sets, strict=True)}
     sources["true renders"] = first["ground_truth"][:, clip]
-    return {name: read_source(frames, paths, commands, scenes=scenes, grid=grid,
+    rows = {name: read_source(frames, paths, commands, scenes=scenes, grid=grid,
                               settings=settings, estimators=estimators)
             for name, frames in sources.items()}
+    reference = rows[str(directories[0])]["per_sequence"]
+    for directory in directories[1:]:
+        ours = rows[str(directory)]["per_sequence"]
+        rows[str(directory)]["change"] = {reader: paired_bootstrap(reference[reader], ours[reader])
+                                          for reader in READERS}
+    return rows
 
 
 def print_rows(rows: dict, console: Console, title: str) -> None:
     """A table per frames source: a row per reader (accuracy, re-render PSNR, agreement with
     the ``render`` reader); the disputes under it."""
+    first = next(iter(rows))
     for name, row in rows.items():
         table = Table(title=f"{title}: {Path(name).name or name}")
         for column in ("reader", "acc", "psnr (dB)", "agree with render"):
@@ -194,6 +205,11 @@ def print_rows(rows: dict, console: Console, title: str) -> None:
         console.print("; ".join(
             f"{a} only {row[f'{a} only']:.3f} of frames, the render reader reads "
             f"{row[f'{a} only: render hits']:.2f} of them as the command" for a in ("est", "fit")))
+        if "change" in row:
+            console.print(f"accuracy change from {Path(first).name or first} (paired 95% "
+                          f"bootstrap interval over sequences): " + "; ".join(
+                              f"{reader} {c['change']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]"
+                              for reader, c in row["change"].items()))
 
 
 def parse_factors(text: str) -> list[float]:

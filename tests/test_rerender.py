@@ -115,7 +115,9 @@ def test_study_reads_true_renders_as_the_truth(rows):
     assert row["render acc"] >= 0.9 and row["render agree"] == 1.0
     # the grid explains the true frames better than the commanded path at one mid speed
     assert row["render psnr"] > row["commanded psnr"]
-    assert out[str(root / "truth")] == pytest.approx(row, nan_ok=True)
+    truth, row = dict(out[str(root / "truth")]), dict(row)
+    assert truth.pop("per_sequence") == row.pop("per_sequence")
+    assert truth == pytest.approx(row, nan_ok=True)
 
 
 def test_study_follows_frames_that_disobey(rows):
@@ -124,6 +126,13 @@ def test_study_follows_frames_that_disobey(rows):
     assert row["render acc"] == 0.0 and row["render psnr"] == 100.0
     assert row["true acc"] == 1.0 and row["true psnr"] < row["render psnr"]
     assert row["true agree"] == 0.0
+    # the change from the first directory, paired over its two sequences
+    truth = rows[0][str(rows[1] / "truth")]
+    assert "change" not in truth and set(row["change"]) == {"est", "rew", "fit", "render"}
+    for reader, change in row["change"].items():
+        assert change["change"] == pytest.approx(row[f"{reader} acc"] - truth[f"{reader} acc"])
+        assert change["low"] <= change["change"] <= change["high"]
+        assert len(row["per_sequence"][reader]) == 2
 
 
 def test_study_refuses_mismatched_or_missing_sets(tmp_path, estimators):
