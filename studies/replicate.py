@@ -111,6 +111,10 @@ ROWS = {"recipe": [], "recipe_no_exploration": NO_EXPLORATION,
         "recipe_if_only": ["--reward.kind", "if"],
         # every weight trained, at a sixth of the conditioning's learning rate
         "recipe_all_weights": ["--optim.trainable", "all", "--optim.lr", "1e-4"],
+        # credit only for frames whose translation and rotation labels are both right
+        "recipe_if_action": ["--reward.if_kind", "action"],
+        # the IF reward read by re-rendering the world (an oracle no real world offers)
+        "recipe_render_reader": ["--reward.if_reader", "render"],
         "recipe_warp": WARP_RECIPE,
         "recipe_sde": ["--rollout.candidate_noise", "sde", *NO_EXPLORATION]} | {
     f"recipe_{name}": [*NO_EXPLORATION, *GRPO_FAMILY[name]]
@@ -130,7 +134,8 @@ SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic
 # config fields added after the study began, with the value that reproduces the cached runs
 # (the update guard acts only on an update larger than the weights it changes, which none of
 # the cached runs made)
-FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio": 1.0}
+FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio": 1.0,
+                    "reward.if_reader": "estimator"}
 # fields renamed after the study began, hashed under the name and value they had then
 FIELDS_RENAMED = {"rollout.candidate_noise": ("exploration", {"independent": "noise"})}
 # the pretraining section the RL run's config held when the study began (the cpu preset's; it
@@ -161,6 +166,8 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "recipe_no_pose_branch": "default recipe without the keys-to-motion branch",
           "recipe_if_only": "default recipe, IF reward only",
           "recipe_all_weights": "default recipe, every weight trained (lr 1e-4)",
+          "recipe_if_action": "default recipe, IF credit only for fully right frames",
+          "recipe_render_reader": "default recipe, IF read by re-rendering the world",
           "recipe_warp": "warp recipe: the default with the warp head's exploration instead "
                          "(the previous default)",
           "recipe_sde": "default recipe without exploration in motion, same-noise SDE "

@@ -7,17 +7,18 @@ path and compare with what the model generated (analysis by synthesis), on clip 
 
 The learned estimators and the classical fit disagree on generated key combinations
 (``studies.reader_gap``), and no reader trained or tuned on true renders can settle it. The
-world can: each evaluation sequence's scene is redrawn from the evaluation seed (checked: the
-true path re-renders the saved ground truth), and clip 1 starts from the true prompt frame, so
-its start pose is known. The ``render`` reader follows clip 1 frame by frame from that pose,
-picking each frame's motion from a grid of the world's key presses (every action, its
-translation and its rotation each at ``--factors`` of the largest step) whose render is
-closest to the generated frame (mean squared error). It uses no learned network and no image
-model: it reads a frame as the world explains it best.
+world can (:mod:`wc_fast.rewards.render_reader`): each evaluation sequence's scene is redrawn
+from the evaluation seed (checked: the true path re-renders the saved ground truth), and clip 1
+starts from the true prompt frame, so its start pose is known. The ``render`` reader follows
+clip 1 frame by frame from that pose, each frame's motion the one of a grid of the world's key
+presses (every action, its translation and its rotation each at ``--factors`` of the largest
+step) whose render is closest to the generated frame. ``press`` is the two-stage reader of the
+render-read IF reward (``reward.if_reader render``): the key press first, then its size.
 
 For each frames source (every directory's generated frames, then the true renders) and each
 reader (``est``: the evaluation estimator, ``rew``: the reward's estimator, ``fit``: the
-classical fit, ``render``, and the ``true`` and ``commanded`` camera paths for reference):
+classical fit, ``render``, ``press``, and the ``true`` and ``commanded`` camera paths for
+reference):
 
 - ``acc``: full-action accuracy by the evaluation's rule (best translation threshold per clip);
 - ``psnr``: PSNR (dB) of the world rendered along the reader's path, started at the prompt's
@@ -50,60 +51,14 @@ from wc_fast.config import preset
 from wc_fast.eval import FINAL_EVAL_SEED, KINDS, EvalSettings
 from wc_fast.evaluation.bootstrap import paired_bootstrap
 from wc_fast.evaluation.floor import sequence_scenes
-from wc_fast.evaluation.psnr_ssim import mse, psnr_clamped
+from wc_fast.evaluation.psnr_ssim import psnr_clamped
 from wc_fast.rewards import load_estimator
+from wc_fast.rewards.render_reader import anchored, motion_grid, press_track, render_track
 from wc_fast.world import Scenes, render
-from wc_fast.world.motion import ROTATION_STEP_DEG, TRANSLATION_STEP, action_deltas
 
-NUM_ACTIONS = 81
 # readers of the frames, then reference paths that read nothing
-READERS = ("est", "rew", "fit", "render")
+READERS = ("est", "rew", "fit", "render", "press")
 PATHS = ("true", "commanded")
-# sequences rendered at once against the whole grid (bounds memory: grid x chunk frames)
-_CHUNK = 8
-
-
-def motion_grid(factors: Sequence[float]) -> Tensor:
-    """Distinct relative camera motions ``[M, 4, 4]`` float64: every action id with its
-    translation at each of ``factors`` of :data:`TRANSLATION_STEP` and its rotation at each of
-    ``factors`` of :data:`ROTATION_STEP_DEG` (the no-op once)."""
-    if not factors or any(f <= 0 for f in factors):
-        raise ValueError(f"factors must be a non-empty sequence of numbers > 0, got {factors!r}")
-    actions = torch.arange(NUM_ACTIONS)
-    deltas = torch.cat([action_deltas(actions, translation_step=s * TRANSLATION_STEP,
-                                      rotation_step_deg=r * ROTATION_STEP_DEG)
-                        for s in factors for r in factors])
-    unique, inverse = torch.unique((deltas.flatten(1) * 1e9).round(), dim=0,
-                                   return_inverse=True)
-    first = torch.full((len(unique),), len(deltas), dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(len(deltas)), reduce="amin")
-    return deltas[first.sort().values]
-
-
-def render_track(scenes: Scenes, start: Tensor, frames: Tensor, grid: Tensor) -> Tensor:
-    """The ``render`` reader: poses ``[n, T, 4, 4]`` float64 of frames ``[n, T, 3, R, R]``
-    whose frame 0 is seen from ``start`` ``[n, 4, 4]``, each next pose the previous one moved
-    by the motion of ``grid`` ``[M, 4, 4]`` whose render is closest to the frame."""
-    n, steps = frames.shape[:2]
-    poses = [start.double()]
-    for t in range(1, steps):
-        best = []
-        for lo in range(0, n, _CHUNK):
-            hi = min(lo + _CHUNK, n)
-            candidates = poses[-1][lo:hi, None] @ grid[None]  # [c, M, 4, 4]
-            shown = render(scenes.index(torch.arange(lo, hi)), candidates,
-                           resolution=frames.shape[-1])
-            err = mse(shown, frames[lo:hi, t, None].expand_as(shown))
-            best.append(candidates[torch.arange(hi - lo), err.argmin(1)])
-        poses.append(torch.cat(best))
-    return torch.stack(poses, 1)
-
-
-def anchored(window: Tensor, start: Tensor) -> Tensor:
-    """A reader's window ``[n, T, 4, 4]`` (any first pose) moved to start at ``start``
-    ``[n, 4, 4]``: the same relative motions from the known start pose."""
-    w = window.double()
-    return start.double()[:, None] @ torch.linalg.inv(w[:, :1]) @ w
 
 
 def check_scenes(scenes: Scenes, c2w_true: Tensor, truth: Tensor) -> None:
@@ -128,6 +83,7 @@ def read_source(frames: Tensor, paths: dict[str, Tensor], commands: Tensor, *,
     poses = {name: anchored(p[:, 0], start)
              for name, p in reader_poses(frames, clip_frames, estimators).items()}
     poses["render"] = render_track(scenes, start, frames, grid)
+    poses["press"] = press_track(scenes, start, frames)
     poses |= {name: anchored(p, start) for name, p in paths.items()}
     trans_gt, rot_gt = split_action(commands)
     labels, hit, row = {}, {}, {"per_sequence": {}}

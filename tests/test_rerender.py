@@ -4,19 +4,13 @@ and the study's rows on saved frames."""
 import pytest
 import torch
 
-from studies.rerender import (
-    anchored,
-    check_scenes,
-    motion_grid,
-    parse_factors,
-    render_track,
-    study,
-)
+from studies.rerender import check_scenes, parse_factors, study
 from wc_fast.eval import FINAL_EVAL_SEED, KINDS, EvalSettings
 from wc_fast.evaluation.camera_fit import fit_path
 from wc_fast.evaluation.floor import sequence_scenes
 from wc_fast.evaluation.frames_io import save_set
 from wc_fast.rewards import load_estimator
+from wc_fast.rewards.render_reader import anchored, motion_grid, press_track, render_track
 from wc_fast.world import render, sample_sequences
 from wc_fast.world.motion import ROTATION_STEP_DEG, TRANSLATION_STEP, action_deltas, chain
 
@@ -56,6 +50,8 @@ def test_render_track_recovers_a_path_on_its_grid():
     tracked = render_track(scenes, start, frames, motion_grid([0.5, 1.0]))
     assert tracked.shape == (2, 5, 4, 4)
     assert torch.allclose(tracked, path, atol=1e-5)
+    assert torch.allclose(press_track(scenes, start, frames, factors=(0.5, 1.0)), path,
+                          atol=1e-5)
 
 
 def test_anchored_keeps_relative_motion_and_moves_the_start():
@@ -113,6 +109,7 @@ def test_study_reads_true_renders_as_the_truth(rows):
     row = out["true renders"]
     assert row["true acc"] == 1.0 and row["true psnr"] == 100.0
     assert row["render acc"] >= 0.9 and row["render agree"] == 1.0
+    assert row["press acc"] >= 0.9
     # the grid explains the true frames better than the commanded path at one mid speed
     assert row["render psnr"] > row["commanded psnr"]
     truth, row = dict(out[str(root / "truth")]), dict(row)
@@ -123,12 +120,13 @@ def test_study_reads_true_renders_as_the_truth(rows):
 def test_study_follows_frames_that_disobey(rows):
     # frames that stay still: the render reader reads no motion, which explains them exactly
     row = rows[0][str(rows[1] / "still")]
-    assert row["render acc"] == 0.0 and row["render psnr"] == 100.0
+    assert row["render acc"] == row["press acc"] == 0.0
+    assert row["render psnr"] == row["press psnr"] == 100.0
     assert row["true acc"] == 1.0 and row["true psnr"] < row["render psnr"]
     assert row["true agree"] == 0.0
     # the change from the first directory, paired over its two sequences
     truth = rows[0][str(rows[1] / "truth")]
-    assert "change" not in truth and set(row["change"]) == {"est", "rew", "fit", "render"}
+    assert "change" not in truth and set(row["change"]) == {"est", "rew", "fit", "render", "press"}
     for reader, change in row["change"].items():
         assert change["change"] == pytest.approx(row[f"{reader} acc"] - truth[f"{reader} acc"])
         assert change["low"] <= change["change"] <= change["high"]

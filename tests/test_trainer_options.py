@@ -17,6 +17,7 @@ from wc_fast.rewards import interaction_score
 from wc_fast.train import main
 from wc_fast.trainer import Trainer
 from wc_fast.updates import nft as nft_module
+from wc_fast.world import sample_sequences
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -325,6 +326,41 @@ def test_trajectory_if_reaches_the_score_with_its_weights(monkeypatch):
     assert calls == [{"translation_weight": 2.0, "rotation_weight": 0.5}]
     assert label_calls == []
     assert bool(((s_if > 0) & (s_if <= 1)).all())
+
+
+def test_render_reader_reads_the_groups_world(monkeypatch):
+    """``if_reader="render"``: the IF comes from re-rendering the group's world, never from
+    the estimator; the true renders of the command score high, frames that stay still zero."""
+    trainer = _trainer(monkeypatch, reward_models=True, reward__if_reader="render",
+                       reward__if_kind="action", rollout__num_clips="1")
+    estimator_calls = _keywords(monkeypatch, "camera_poses")
+    (group,) = trainer.rollout(0, 1)
+    assert group.prompt_seed == trainer_module.prompt_seed(trainer.cfg, 0, 0)
+    cfg = trainer.cfg
+    truth = sample_sequences(1, num_clips=1, seed=group.prompt_seed,
+                             composite_fraction=cfg.rollout.composite_fraction,
+                             composite_keys=cfg.rollout.composite_keys,
+                             clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
+    torch.testing.assert_close(group.history[:, :1], truth.frames[:, :1])
+    group.candidates = truth.frames[:, 1:].expand_as(group.candidates).clone()
+    s_true, _, _ = trainer._scores([group])
+    group.candidates = truth.frames[:, :1].expand_as(group.candidates).clone()
+    s_still, _, _ = trainer._scores([group])
+    assert estimator_calls == []
+    assert bool((s_true >= 0.75).all()) and bool((s_still == 0).all())
+    group.prompt_seed = None
+    with pytest.raises(ValueError, match="prompt seed"):
+        trainer._scores([group])
+
+
+@pytest.mark.parametrize("override, field", [({"rollout__num_clips": "2"}, "rollout.num_clips"),
+                                             ({"rollout__num_clips": "1",
+                                               "reward__decouple_every": "4",
+                                               "reward__decouple_length": "1"},
+                                              "reward.decouple_every")])
+def test_render_reader_needs_clip_1_and_known_prompts(override, field):
+    with pytest.raises(ValueError, match=field):
+        _config(reward__if_reader="render", **override)
 
 
 # -- advantages ---------------------------------------------------------------------------------

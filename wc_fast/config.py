@@ -41,6 +41,7 @@ Capture = Literal["auto", "eager", "compile", "cuda_graph"]
 StdMode = Literal["group", "global"]
 RewardKind = Literal["both", "if", "vq"]
 IfKind = Literal["label", "soft", "action", "trajectory"]
+IfReader = Literal["estimator", "render"]
 VqMode = Literal["stride", "drift"]
 CriticKind = Literal["reward", "eval"]
 LossSpace = Literal[SPACES]  # the kernels' own choices (a tuple subscript unpacks)
@@ -240,6 +241,14 @@ class RewardConfig:
         "key. trajectory: World-R1's continuous reward exp(-(a e_t + b e_R)) of the per-frame "
         "pose errors against the commanded motion, (a, b) = reward.trajectory_weights "
         "(wc_fast.rewards.interaction.trajectory_score)")})
+    if_reader: IfReader = field(default="estimator", metadata={"help": (
+        "what reads each candidate's camera path for the IF reward. estimator: the reward "
+        "estimator (a network, as the paper's pose estimator). render: the embedded world "
+        "re-rendered along the world's key presses, the press whose render is closest to each "
+        "frame (wc_fast.rewards.render_reader.press_track): a reader that needs no network and "
+        "is validated on generated frames (docs/replication.md), an oracle for diagnosis that "
+        "no real world offers. Needs rollouts of clip 1 only (rollout.num_clips 1, whose start "
+        "pose is the prompt's) and no decoupled phases")})
     trajectory_weights: tuple[float, ...] = field(default=(1.0, 1.0), metadata={"help": (
         "(a, b): the weights of the translation and rotation errors in the trajectory IF "
         "(two numbers >= 0)")})
@@ -1158,6 +1167,12 @@ def validate(cfg: Config) -> None:
              "reward.trans_thresholds", "a non-empty tuple of numbers >= 0",
              rw.trans_thresholds)
     _validate_decouple(cfg)
+    if rw.if_reader == "render":
+        _require(ro.num_clips == 1, "rollout.num_clips (with reward.if_reader render)",
+                 "1 (the reader starts from the prompt's known pose)", ro.num_clips)
+        _require(rw.decouple_every == 0, "reward.decouple_every (with reward.if_reader render)",
+                 "0 (the reader redraws each group's scene from its prompt's seed)",
+                 rw.decouple_every)
     _require(nf.beta > 0, "nft.beta", "> 0", nf.beta)
     _require(nf.keep >= 1 and 2 * nf.keep <= ro.group_size, "nft.keep",
              f"an integer >= 1 with 2*keep <= rollout.group_size={ro.group_size}", nf.keep)

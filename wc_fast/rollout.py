@@ -31,7 +31,8 @@ class GroupRollout:
     model's cache of each history, ``candidates`` ``[G, F, C, H, W]``, ``clip_actions`` ``[F]``,
     ``latents`` ``[G, 3]`` the motion latents of each candidate's initial noise
     (:mod:`wc_fast.models.motion_latent`), ``trajectory`` the candidates' recorded SDE steps
-    (GRPO rollouts only).
+    (GRPO rollouts only), ``prompt_seed`` the world seed of the sequence (its scene and start
+    pose; set by the trainer, ``None`` when unknown).
     """
 
     history: Tensor
@@ -42,6 +43,7 @@ class GroupRollout:
     clip_index: int
     latents: Tensor
     trajectory: SDETrajectory | None = None
+    prompt_seed: int | None = None  # the embedded world's seed of the group's sequence
 
     @property
     def previous_frames(self) -> Tensor:

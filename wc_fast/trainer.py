@@ -44,6 +44,7 @@ from wc_fast.advantages import optimality
 from wc_fast.config import Config, RewardConfig
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
 from wc_fast.ema import ema_update
+from wc_fast.evaluation.floor import sequence_scenes
 from wc_fast.models import ContextCache, FrameCodec, PixelFrames, WorldModel
 from wc_fast.models.protocol import check_world_model
 from wc_fast.optim import build_optimizers, freeze_untrained
@@ -60,6 +61,7 @@ from wc_fast.rewards.motion_spread import (
     motion_spread,
     soft_interaction_score,
 )
+from wc_fast.rewards.render_reader import press_track
 from wc_fast.rewards.scorers import RewardModels, build_reward_models
 from wc_fast.rewards.scoring import camera_poses
 from wc_fast.rollout import GroupRollout, MotionExploration
@@ -110,12 +112,18 @@ def _sequence(cfg: Config, seed: int, composite_fraction: float,
     return data.frames[:, :1], data.actions[0]
 
 
+def prompt_seed(cfg: Config, step: int, group: int) -> int:
+    """The embedded world's seed of a global group's sequence (:func:`group_prompt`): its
+    scene, start pose and commands."""
+    return stream_seed(cfg.train.seed, step, group, "prompt") % 2**31
+
+
 def group_prompt(cfg: Config, step: int, group: int, device: torch.device
                  ) -> tuple[Tensor, Tensor]:
     """World prompt frame ``[1, 1, C, H, W]`` and action ids ``[N*F]`` of a global group."""
     ro = cfg.rollout
-    frame, actions = _sequence(cfg, stream_seed(cfg.train.seed, step, group, "prompt") % 2**31,
-                               ro.composite_fraction, ro.composite_keys)
+    frame, actions = _sequence(cfg, prompt_seed(cfg, step, group), ro.composite_fraction,
+                               ro.composite_keys)
     return frame.to(device), actions.to(device)
 
 
@@ -254,8 +262,11 @@ class Trainer:
             prompt, actions = prompt_of(self.cfg, step, g, self.device)
             prompt = self.codec.encode(prompt)
             gen = generator(self.cfg.train.seed, step, g, "rollout", device=self.device)
-            groups.append(run(self.old, self.sampler, prompt, actions, clip_index,
-                              self.cfg.rollout.group_size, gen))
+            group = run(self.old, self.sampler, prompt, actions, clip_index,
+                        self.cfg.rollout.group_size, gen)
+            if prompt_of is group_prompt:
+                group.prompt_seed = prompt_seed(self.cfg, step, g)
+            groups.append(group)
         return groups
 
     def _scores(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor, list[float]]:
@@ -265,7 +276,8 @@ class Trainer:
         s_if, s_vq, spread = [], [], []
         for group in groups:
             frames = self.codec.decode(group.reward_frames())
-            c2w = camera_poses(self.estimator, frames)
+            c2w = (self._render_read(group, frames) if rw.if_reader == "render"
+                   else camera_poses(self.estimator, frames))
             if rw.if_kind == "soft":
                 s_if.append(soft_interaction_score(
                     c2w.double(), group.clip_actions, trans_threshold=min(rw.trans_thresholds),
@@ -283,6 +295,21 @@ class Trainer:
             spread.append(motion_spread(camera_motion(c2w.cpu()), self.estimator_error,
                                         commanded_directions(group.clip_actions.cpu())))
         return torch.stack(s_if).float(), torch.stack(s_vq).float(), spread
+
+    @staticmethod
+    def _render_read(group: GroupRollout, frames: Tensor) -> Tensor:
+        """Camera paths ``[G, F+1, 4, 4]`` of a clip-1 group's reward frames ``[G, F+1, C, H,
+        W]`` read by re-rendering its world (``reward.if_reader render``): the scene and the
+        prompt's pose are redrawn from the group's prompt seed."""
+        if group.prompt_seed is None or group.clip_index != 1:
+            raise ValueError("reward.if_reader render reads clip 1 of a group whose prompt "
+                             f"seed is known; got clip {group.clip_index}, seed "
+                             f"{group.prompt_seed}")
+        scenes, start = sequence_scenes(group.prompt_seed, 1)
+        g = frames.shape[0]
+        c2w = press_track(scenes.index(torch.zeros(g, dtype=torch.long)),
+                          start.expand(g, 4, 4), frames.detach().float().cpu())
+        return c2w.to(frames.device)
 
     def rewards(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor, dict[str, float]]:
         """IF and VQ scores ``[B, G]`` and the mean motion spread of this rank's basic and
