@@ -186,6 +186,38 @@ def load_set(directory: str | Path, kind: str) -> dict[str, Tensor]:
         return {key: torch.from_numpy(data[key]) for key in data.files}
 
 
+def load_sets(directories: Sequence[str | Path], kind: str) -> list[dict[str, Tensor]]:
+    """Set ``kind`` of every ``--save-frames`` directory (:func:`load_set`), refused unless
+    there is at least one and all hold the same commands (one evaluation seed set)."""
+    if not directories:
+        raise ValueError("directories must name at least one --save-frames directory")
+    sets = [load_set(d, kind) for d in directories]
+    for directory, data in zip(directories, sets, strict=True):
+        if not torch.equal(data["actions"], sets[0]["actions"]):
+            raise ValueError(f"{directory} holds other commands than {directories[0]}: "
+                             f"save every model's frames with the same evaluation seeds")
+    return sets
+
+
+def parse_positive(text: str, flag: str) -> list[float]:
+    """``"0.5,1"`` -> ``[0.5, 1.0]`` (``""`` -> ``[]``); ``ValueError`` naming ``--flag``
+    unless every value is a number > 0."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--{flag} must be comma-separated numbers, got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise ValueError(f"--{flag} values must be > 0, got {text!r}")
+    return values
+
+
+def write_rows(path: str | Path, rows: dict) -> None:
+    """Write a study's rows to ``path`` as JSON (parent folders created)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(rows, indent=2))
+    print(f"wrote {path}")
+
+
 def study(directories: Sequence[str | Path], *, kind: str, blur: Sequence[float],
           clip_frames: int, settings: EvalSettings, noise: Sequence[float] = (),
           estimators: dict | None = None) -> dict:
@@ -193,15 +225,9 @@ def study(directories: Sequence[str | Path], *, kind: str, blur: Sequence[float]
     directory's generated frames, then the true renders of the first one, sharp, blurred at
     each sigma of ``blur`` and with noise of each std of ``noise``.
     All directories must hold the same commands (one evaluation seed set)."""
-    if not directories:
-        raise ValueError("directories must name at least one --save-frames directory")
+    sets = load_sets(directories, kind)
     estimators = estimators or {"est": load_estimator("eval"), "rew": load_estimator("reward")}
-    sets = [load_set(d, kind) for d in directories]
     actions = sets[0]["actions"]
-    for directory, data in zip(directories, sets, strict=True):
-        if not torch.equal(data["actions"], actions):
-            raise ValueError(f"{directory} holds other commands than {directories[0]}: "
-                             f"save every model's frames with the same evaluation seeds")
     frames = {str(d): s["generated"] for d, s in zip(directories, sets, strict=True)}
     truth = sets[0]["ground_truth"]
     frames["true renders"] = truth
@@ -265,23 +291,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="preset whose label thresholds to use (as wc_fast.eval --preset)")
     p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args(argv)
-    levels = {}
-    for flag in ("blur", "noise"):
-        text = getattr(args, flag)
-        try:
-            levels[flag] = [float(v) for v in text.split(",") if v]
-        except ValueError:
-            p.error(f"--{flag} must be comma-separated numbers, got {text!r}")
-        if any(v <= 0 for v in levels[flag]):
-            p.error(f"--{flag} values must be > 0, got {text!r}")
+    try:
+        levels = {flag: parse_positive(getattr(args, flag), flag) for flag in ("blur", "noise")}
+    except ValueError as err:
+        p.error(str(err))
     settings = EvalSettings.from_config(preset(args.preset))
     rows = study(args.directories, kind=args.set, blur=levels["blur"], noise=levels["noise"],
                  clip_frames=args.clip_frames, settings=settings)
     print_rows(rows, Console())
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rows, indent=2))
-        print(f"wrote {args.json}")
+        write_rows(args.json, rows)
     return 0
 
 

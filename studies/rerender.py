@@ -36,16 +36,20 @@ holds each reader's accuracy per sequence.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
-from studies.reader_gap import load_set, read_labels, reader_poses
+from studies.reader_gap import (
+    load_sets,
+    parse_positive,
+    read_labels,
+    reader_poses,
+    write_rows,
+)
 from wc_fast.actions import split_action
 from wc_fast.config import preset
 from wc_fast.eval import FINAL_EVAL_SEED, KINDS, EvalSettings
@@ -114,17 +118,11 @@ def study(directories: Sequence[str | Path], *, kind: str, settings: EvalSetting
     """Rows (frames source -> :func:`read_source`'s numbers) of every directory's generated
     clip 1 and of the true renders, set ``kind`` saved with evaluation seed ``seed`` (default:
     :data:`FINAL_EVAL_SEED`, as ``wc_fast.eval --final``)."""
-    if not directories:
-        raise ValueError("directories must name at least one --save-frames directory")
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
+    sets = load_sets(directories, kind)
     estimators = estimators or {"est": load_estimator("eval"), "rew": load_estimator("reward")}
-    sets = [load_set(d, kind) for d in directories]
     first = sets[0]
-    for directory, data in zip(directories, sets, strict=True):
-        if not torch.equal(data["actions"], first["actions"]):
-            raise ValueError(f"{directory} holds other commands than {directories[0]}: "
-                             f"save every model's frames with the same evaluation seeds")
     n = first["actions"].shape[0]
     base_seed = FINAL_EVAL_SEED if seed is None else seed
     scenes, _ = sequence_scenes(base_seed + list(KINDS).index(kind), n)
@@ -169,13 +167,11 @@ def print_rows(rows: dict, console: Console, title: str) -> None:
 
 
 def parse_factors(text: str) -> list[float]:
-    """``"0.25,0.5"`` -> ``[0.25, 0.5]``; ``ValueError`` naming ``--factors`` otherwise."""
-    try:
-        factors = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"--factors must be comma-separated numbers, got {text!r}") from None
-    if not factors or any(f <= 0 for f in factors):
-        raise ValueError(f"--factors must be numbers > 0, got {text!r}")
+    """``"0.25,0.5"`` -> ``[0.25, 0.5]``; ``ValueError`` naming ``--factors`` unless it holds
+    at least one number, every one > 0."""
+    factors = parse_positive(text, "factors")
+    if not factors:
+        raise ValueError(f"--factors must name at least one size, got {text!r}")
     return factors
 
 
@@ -204,9 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  clip_frames=args.clip_frames, seed=args.seed)
     print_rows(rows, Console(), f"clip 1 of {args.set}, re-rendered")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rows, indent=2))
-        print(f"wrote {args.json}")
+        write_rows(args.json, rows)
     return 0
 
 
