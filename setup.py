@@ -1,10 +1,8 @@
 """Build script: the packages, and the optional native CPU extension ``wc_kernels._native``
 from ``csrc/``.
 
-The ops package's source is the ``kernels/`` folder and its import name ``wc_kernels``
-(``kernels`` is also a PyPI package, which diffusers and transformers import when it is
-installed): ``package_dir`` maps the one to the other, in wheels and in editable installs
-alike. The extension is built into ``kernels/`` for an editable install, as before.
+The ops package is the ``wc_kernels/`` folder. The extension is built into it for an editable
+install.
 
 The study programs in ``studies/`` install as the top-level package ``studies``.
 
@@ -21,18 +19,14 @@ from pathlib import Path
 from setuptools import find_namespace_packages, setup
 
 ROOT = Path(__file__).parent
-# import name -> source folder
-PACKAGE_DIR = {"wc_kernels": "kernels"}
 
 
 def packages() -> list[str]:
-    """wc_fast and its subpackages as they are, kernels/ and its subpackages as wc_kernels, and
-    studies/ (the study programs, ``python -m studies.<name>``; its results/ folder is data)."""
-    found = find_namespace_packages(include=["wc_fast", "wc_fast.*", "kernels", "kernels.*",
-                                             "studies"],
-                                    exclude=["*.__pycache__"])
-    return sorted("wc_kernels" + name[len("kernels"):] if name.split(".")[0] == "kernels"
-                  else name for name in found)
+    """wc_fast, wc_kernels and their subpackages, and studies/ (the study programs,
+    ``python -m studies.<name>``; its results/ folder is data)."""
+    return sorted(find_namespace_packages(
+        include=["wc_fast", "wc_fast.*", "wc_kernels", "wc_kernels.*", "studies"],
+        exclude=["*.__pycache__"]))
 
 
 def native_extensions() -> tuple[list, dict]:
@@ -71,4 +65,4 @@ def native_extensions() -> tuple[list, dict]:
 
 
 ext_modules, cmdclass = native_extensions()
-setup(packages=packages(), package_dir=PACKAGE_DIR, ext_modules=ext_modules, cmdclass=cmdclass)
+setup(packages=packages(), ext_modules=ext_modules, cmdclass=cmdclass)

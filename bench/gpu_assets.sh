@@ -24,8 +24,8 @@ device="${DEVICE:-cuda}"  # DEVICE=cpu for a dry run without a GPU
 read -r -a wan_steps <<<"${WAN_STEPS:-4471 4928 4999}"
 work="$(mktemp -d)"
 mkdir -p "$out" "$work/assets"
-# wc_fast from the source tree, wc_kernels (the import name of kernels/) through a link
-PYTHONPATH=$(bash bench/pythonpath.sh "$work/pythonpath") || exit 1
+# wc_fast and wc_kernels from the source tree
+PYTHONPATH=$(bash bench/pythonpath.sh) || exit 1
 export PYTHONPATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 
 pids=()

@@ -3,9 +3,8 @@
 #
 #   bash bench/gpu_check.sh [OUT_DIR]        (default OUT_DIR: runs/gpu_check)
 #
-# Runs from a copy of the working tree, so nothing is installed: wc_fast is imported from the
-# repository root and wc_kernels (the import name of kernels/) through a link in a temporary
-# folder, both on PYTHONPATH (bench/pythonpath.sh). The native CPU extension
+# Runs from a copy of the working tree, so nothing is installed: wc_fast and wc_kernels import
+# from the repository root on PYTHONPATH (bench/pythonpath.sh). The native CPU extension
 # (wc_kernels._native) is not built: nothing on the GPU needs it, and the tests and benchmarks
 # that do skip without it.
 # Python is ${PYTHON:-python3} (the GPU image has no plain `python`).
@@ -41,9 +40,7 @@ dry_run="${GPU_CHECK_DRY_RUN:-0}"
 budget_s="${GPU_CHECK_BUDGET_S:-570}"
 max_files=8
 
-links=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || exit 1
-trap 'rm -rf "$links"' EXIT
-PYTHONPATH=$(bash bench/pythonpath.sh "$links") || exit 1
+PYTHONPATH=$(bash bench/pythonpath.sh) || exit 1
 export PYTHONPATH
 export PYTHONDONTWRITEBYTECODE=1
 # Native Triton on the GPU: never the CPU interpreter (tests/conftest.py sets it only

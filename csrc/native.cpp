@@ -5,8 +5,8 @@
 //   sde_residual_sums(model_output, sample, prev_sample, ref_output_or_None, coef [B, 2])
 //     -> [B, 2]: sum((prev_sample - a sample - c model_output)^2), sum((model_output - ref)^2)
 //   sde_residual_sums_bwd(weights [B, 2], model_output, sample, prev_sample, ref_or_None, coef)
-//     -> w1 * residual + w2 * (model_output - ref) [B, D]  (kernels/grpo_sde_loss/triton.py)
-// The math is docs/design.md section 7 and each op's kernels/<op>/naive.py; this file holds the
+//     -> w1 * residual + w2 * (model_output - ref) [B, D]  (wc_kernels/ops/grpo_sde_loss/triton.py)
+// The math is docs/design.md section 7 and each op's wc_kernels/ops/<op>/naive.py; this file holds the
 // argument checks, the work split over threads and the pybind11 bindings. The vectorized inner
 // loops are in simd_kernels.h, compiled here once per instruction set (see "Instruction sets").
 
@@ -583,7 +583,7 @@ std::tuple<at::Tensor, at::Tensor> flow_noise(const at::Tensor& x0, const at::Te
 }
 
 // ---- GRPO SDE loss: per-row residual sums, and their gradient (two passes; see
-// kernels/grpo_sde_loss/triton.py for why).
+// wc_kernels/ops/grpo_sde_loss/triton.py for why).
 
 struct SdeInputs {
   at::Tensor m, x, p;

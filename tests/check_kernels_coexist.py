@@ -4,11 +4,11 @@ import when it is installed) and this project's ops package ``wc_kernels`` coexi
     python -m pip install kernels        # not a dependency of wc_fast; .ci/run installs it
     python tests/check_kernels_coexist.py
 
-Run it from any directory but the repository root, with the root off ``PYTHONPATH``: there
-``kernels`` is this repository's ``kernels/`` folder, which is inert under that name (its
-import name is ``wc_kernels``). Checks that ``import kernels`` gives the PyPI package,
-that ``import wc_kernels`` works beside it and ``nft_loss`` (value and gradient) on small CPU
-tensors matches its reference, and that ``diffusers.utils.is_kernels_available()`` is true.
+Run it from the repository root (where ``python`` puts the current directory on the path) or
+from anywhere else. Checks that ``import kernels`` gives the PyPI package, that
+``import wc_kernels`` works beside it and ``nft_loss`` (value and gradient) on small CPU tensors
+matches its reference, that ``diffusers.utils.is_kernels_available()`` is true, and that the
+Wan world model (diffusers' transformer, with peft and so transformers imported) imports.
 Prints one line per check and exits 1 on the first failure.
 """
 
@@ -62,6 +62,12 @@ def main() -> None:
     from diffusers.utils import is_kernels_available
 
     check(is_kernels_available(), "diffusers.utils.is_kernels_available() is true")
+
+    import peft  # noqa: F401 - imports transformers, whose kernel-hub integration imports kernels
+
+    from wc_fast.models.wan import WanWorldModel
+
+    check(WanWorldModel.__module__ == "wc_fast.models.wan", "the Wan world model imports")
 
 
 if __name__ == "__main__":

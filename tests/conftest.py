@@ -8,8 +8,8 @@ Triton's interpreter before 3.8 calls ``int()`` on one-element arrays, which Num
 that error is reported as skipped, with the reason, rather than failed; the fix is
 ``pip install "numpy<2.4"``.
 
-The tests import the ops as ``wc_kernels``, the name an install gives the ``kernels/`` folder;
-without one they stop here, saying how to get it.
+The tests import the ops package ``wc_kernels``; where it is not importable they stop here,
+saying how to get it.
 """
 
 import contextlib
@@ -22,10 +22,9 @@ import torch
 
 if importlib.util.find_spec("wc_kernels") is None:
     raise ImportError(
-        "wc_kernels (the ops package; its source is the kernels/ folder) is not importable: "
-        'install the project (pip install --no-build-isolation -e ".[dev]", which maps the '
-        "folder to that name) or, without installing, export PYTHONPATH=$(bash "
-        "bench/pythonpath.sh)")
+        "wc_kernels (the ops package) is not importable: "
+        'install the project (pip install --no-build-isolation -e ".[dev]") or, without '
+        "installing, export PYTHONPATH=$(bash bench/pythonpath.sh)")
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -130,12 +130,10 @@ def _rerun_without_interpreter(argv: list[str]) -> int:
     included) were created for the interpreter, so compile in a fresh one."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # The child finds wc_kernels as this process did: through an install (which it inherits),
-    # or through the folder on the path that holds it under that name (a wheel's
-    # site-packages, or a link wc_kernels -> kernels/: bench/pythonpath.sh), added here too.
+    # or through the folder on the path that holds it (a checkout's root, a wheel's
+    # site-packages), added here too.
     package = Path(__file__).absolute().parent
-    if package.name == "wc_kernels":
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package.parent),
-                                                          env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package.parent), env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "wc_kernels.aot", *argv], env=env).returncode
 
 

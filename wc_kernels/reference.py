@@ -3,7 +3,7 @@
 Each op's reference lives beside its fast backends, in ``wc_kernels.<op>.naive``; this module
 gathers them. Every fast backend (Triton, native C++) is tested against them. They are written
 for clarity, not speed: they materialize every intermediate and let autograd derive the
-gradients. Inputs are validated by the public entry points in ``kernels/``, not here.
+gradients. Inputs are validated by the public entry points in ``wc_kernels``, not here.
 """
 
 from __future__ import annotations
