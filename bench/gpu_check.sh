@@ -11,23 +11,25 @@
 #
 # Steps, in order, each under a cap and under what is left of a fixed time budget; a step
 # that runs out of time is interrupted (SIGINT), so pytest still writes what finished:
-# 1. fused-op benchmarks (nft_loss, flow_noise)      -> OUT_DIR/bench_kernels.json
-# 2. shared-prefix attention benchmarks              -> OUT_DIR/bench_attention.json
-# 3. the GPU-marked tests: pytest -m gpu tests/       -> OUT_DIR/gpu_tests.xml
-# 4. one RL iteration, ours vs official-style         -> OUT_DIR/rl_iteration.json
-# 5. one RL iteration of a Wan2.1-1.3B-shaped model with random weights, with and without
-#    LoRA and activation checkpointing              -> OUT_DIR/wan_iteration.json
-# 6. model-level benchmarks (shared prefix, sampler)  -> OUT_DIR/bench_model.json
-# 7. a short table of all of the above (python -m studies.summarize) -> OUT_DIR/summary.txt
+# 1. kernels: fused-op benchmarks (nft_loss, flow_noise, grpo_sde_loss) -> OUT_DIR/bench_kernels.json
+# 2. profile: where the fused ops' time goes (python -m studies.op_profile; the log only)
+# 3. attention: shared-prefix attention benchmarks   -> OUT_DIR/bench_attention.json
+# 4. tests: the GPU-marked tests, pytest -m gpu tests/ -> OUT_DIR/gpu_tests.xml
+# 5. rl: one RL iteration, ours vs official-style     -> OUT_DIR/rl_iteration.json
+# 6. wan: one RL iteration of a Wan2.1-1.3B-shaped model with random weights, with and
+#    without LoRA and activation checkpointing       -> OUT_DIR/wan_iteration.json
+# 7. model: model-level benchmarks (shared prefix, sampler) -> OUT_DIR/bench_model.json
+# 8. a short table of all of the above (python -m studies.summarize) -> OUT_DIR/summary.txt
 # Everything printed also goes to OUT_DIR/gpu_check.log: at most 8 files, none in a subfolder.
 # The exit status is non-zero if any step failed or ran out of time.
 #
 # GPU_CHECK_DRY_RUN=1 checks the script without a GPU: the tests run (every GPU test skips),
 # the benchmark files are only collected (imported), and the RL iteration runs the smoke
 # preset on the CPU; the output folder must then hold the same files as on the GPU.
-# GPU_CHECK_SKIP_RL=1 leaves out steps 4 and 5 (the test suite's dry run does: they take
-# minutes on a busy 2-core machine and have their own tests), GPU_CHECK_BUDGET_S sets the
-# time budget (default 570 s).
+# GPU_CHECK_STEPS picks steps by name, comma-separated (default: all, in the order above; e.g.
+# GPU_CHECK_STEPS=rl,profile for a short second run); GPU_CHECK_SKIP_RL=1 leaves out rl and wan
+# (the test suite's dry run does: they take minutes on a busy 2-core machine and have their
+# own tests); GPU_CHECK_BUDGET_S sets the time budget (default 570 s).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -37,9 +39,23 @@ mkdir -p "$out" || exit 1
 out=$(cd "$out" && pwd)
 py="${PYTHON:-python3}"
 dry_run="${GPU_CHECK_DRY_RUN:-0}"
+steps="${GPU_CHECK_STEPS:-kernels,profile,attention,tests,rl,wan,model}"
+if [[ "${GPU_CHECK_SKIP_RL:-0}" == 1 ]]; then
+    steps=$(tr , '\n' <<<"$steps" | grep -vx -e rl -e wan | paste -sd, -)
+fi
+wanted() { [[ ",$steps," == *",$1,"* ]]; }
 budget_s="${GPU_CHECK_BUDGET_S:-570}"
 max_files=8
 
+# Wheels the GPU image lacks (diffusers, from bench/gpu_wheels.sh), installed into a temporary
+# folder when the repository holds them in .whl/.
+site=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || exit 1
+trap 'rm -rf "$site"' EXIT
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$py" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
+        --target "$site" .whl/*.whl || exit 1
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 PYTHONPATH=$(bash bench/pythonpath.sh) || exit 1
 export PYTHONPATH
 export PYTHONDONTWRITEBYTECODE=1
@@ -124,31 +140,50 @@ EOF
         echo "=== gpu_check: $name done in $((SECONDS - start))s, exit $rc"
     }
 
-    run_step 110 "fused-op benchmarks" "${bench[@]}" bench/test_bench_kernels.py \
-        --benchmark-json="$out/bench_kernels.json"
-    run_step 120 "attention benchmarks" "${bench[@]}" bench/test_bench_attention.py \
-        --benchmark-json="$out/bench_attention.json"
-    run_step 130 "GPU tests" "${pytest[@]}" -m gpu tests/ --junitxml="$out/gpu_tests.xml"
-    local rl=("$py" -m studies.rl_iteration --preset paper --init random)
-    if [[ "$dry_run" == 1 ]]; then
-        rl=("$py" -m studies.rl_iteration --preset smoke --device cpu)
+    local results=()
+    if wanted kernels; then
+        run_step 110 "fused-op benchmarks" "${bench[@]}" bench/test_bench_kernels.py \
+            --benchmark-json="$out/bench_kernels.json"
+        results+=("$out/bench_kernels.json")
     fi
-    local wan=("$py" -m studies.wan_iteration --shape wan2.1-1.3b)
-    if [[ "$dry_run" == 1 ]]; then
-        wan=("$py" -m studies.wan_iteration --shape tiny --device cpu --resolution 64
-             --clip-frames 2 --group-size 4 --steps 2 --variants full,lora+checkpointing)
+    if wanted profile; then
+        local profile=("$py" -m studies.op_profile)
+        if [[ "$dry_run" == 1 ]]; then
+            profile+=(--device cpu --scale 0.001)
+        fi
+        run_step 60 "fused-op profile" "${profile[@]}"
     fi
-    local results=("$out/bench_kernels.json" "$out/bench_attention.json" "$out/gpu_tests.xml")
-    if [[ "${GPU_CHECK_SKIP_RL:-0}" == 1 ]]; then
-        echo "=== gpu_check: RL iterations skipped (GPU_CHECK_SKIP_RL=1)"
-    else
-        run_step 100 "RL iteration" "${rl[@]}" --json "$out/rl_iteration.json"
+    if wanted attention; then
+        run_step 120 "attention benchmarks" "${bench[@]}" bench/test_bench_attention.py \
+            --benchmark-json="$out/bench_attention.json"
+        results+=("$out/bench_attention.json")
+    fi
+    if wanted tests; then
+        run_step 150 "GPU tests" "${pytest[@]}" -m gpu tests/ --junitxml="$out/gpu_tests.xml"
+        results+=("$out/gpu_tests.xml")
+    fi
+    if wanted rl; then
+        local rl=("$py" -m studies.rl_iteration --preset paper --init random)
+        if [[ "$dry_run" == 1 ]]; then
+            rl=("$py" -m studies.rl_iteration --preset smoke --device cpu)
+        fi
+        run_step 150 "RL iteration" "${rl[@]}" --json "$out/rl_iteration.json"
+        results+=("$out/rl_iteration.json")
+    fi
+    if wanted wan; then
+        local wan=("$py" -m studies.wan_iteration --shape wan2.1-1.3b)
+        if [[ "$dry_run" == 1 ]]; then
+            wan=("$py" -m studies.wan_iteration --shape tiny --device cpu --resolution 64
+                 --clip-frames 2 --group-size 4 --steps 2 --variants full,lora+checkpointing)
+        fi
         run_step 120 "Wan iteration" "${wan[@]}" --json "$out/wan_iteration.json"
-        results+=("$out/rl_iteration.json" "$out/wan_iteration.json")
+        results+=("$out/wan_iteration.json")
     fi
-    run_step "$budget_s" "model benchmarks" "${bench[@]}" bench/test_bench_prefix.py \
-        bench/test_bench_sampler.py --benchmark-json="$out/bench_model.json"
-    results+=("$out/bench_model.json")
+    if wanted model; then
+        run_step "$budget_s" "model benchmarks" "${bench[@]}" bench/test_bench_prefix.py \
+            bench/test_bench_sampler.py --benchmark-json="$out/bench_model.json"
+        results+=("$out/bench_model.json")
+    fi
 
     echo "=== gpu_check: summary"
     "$py" -m studies.summarize "${results[@]}" | tee "$out/summary.txt"

@@ -34,7 +34,8 @@ def _env(**extra: str) -> dict[str, str]:
     # without the variables of a pytest-xdist worker (pytest-benchmark would take the nested
     # pytest for an xdist run and refuse --benchmark-only)
     env = {k: v for k, v in os.environ.items()
-           if k not in ("TRITON_INTERPRET", "GPU_CHECK_SKIP_RL", "GPU_CHECK_BUDGET_S")
+           if k not in ("TRITON_INTERPRET", "GPU_CHECK_SKIP_RL", "GPU_CHECK_BUDGET_S",
+                         "GPU_CHECK_STEPS")
            and not k.startswith("PYTEST_XDIST") and k != "PYTEST_CURRENT_TEST"}
     env.update(PYTHON=sys.executable, **extra)
     return env
@@ -81,6 +82,9 @@ def test_dry_run_passes_and_respects_the_output_limits(tmp_path):
     names = {e.name for e in entries}
     assert {"gpu_check.log", "summary.txt", "gpu_tests.xml"} <= names, names
 
+    # the profile ran (on the CPU, the reference backend at a thousandth of the shapes)
+    assert "=== gpu_check: fused-op profile done in" in log and "host syncs per call" in log, \
+        log[-4000:]
     # the benchmark files were collected (imported): three collect-only runs, none empty
     counts = [int(n) for n in re.findall(r"^(\d+) tests? collected in ", log, re.MULTILINE)]
     assert len(counts) == 3 and min(counts) > 0, log[-4000:]
@@ -99,3 +103,16 @@ def test_dry_run_passes_and_respects_the_output_limits(tmp_path):
     rows = summary.split("\ntargets\n", 1)[1].splitlines()[2:]
     assert len(rows) == len(TARGETS), summary
     assert all(re.split(r"\s{2,}", row)[3].startswith("MISSING: ") for row in rows), summary
+
+
+def test_steps_are_picked_by_name(tmp_path):
+    """GPU_CHECK_STEPS=profile runs that step alone: no benchmark, test or RL output."""
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", "bench/gpu_check.sh", str(out)], cwd=ROOT,
+                          env=_env(GPU_CHECK_DRY_RUN="1", GPU_CHECK_STEPS="profile"),
+                          capture_output=True, text=True, timeout=240)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert {e.name for e in out.iterdir()} == {"gpu_check.log", "summary.txt"}
+    ran = re.findall(r"^=== gpu_check: (.+) \(limit", log, re.MULTILINE)
+    assert ran == ["fused-op profile"], ran
