@@ -277,6 +277,28 @@ def test_bad_arguments_are_refused(overrides, error, match):
         _call(**overrides)
 
 
+def test_nan_sigma_is_refused_as_not_finite():
+    with pytest.raises(ValueError, match="sigma must be finite"):
+        _call(sigma=torch.tensor([1.0, float("nan"), 0.1]))
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_sigma_values_are_read_back_once(backend, monkeypatch):
+    """Each host read waits for the device queue; the value checks of a valid call make one
+    (a list read back), no per-condition ``bool()`` or ``item()``."""
+    reads = []
+    for name in ("tolist", "item", "__bool__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    _call(backend=backend)
+    assert reads == ["tolist"], reads
+
+
 def test_sde_log_prob_checks_its_arguments():
     m, x, prev, sigma, sigma_next, *_ = _inputs((3, 8))
     with pytest.raises(ValueError, match="sigma_max"):
