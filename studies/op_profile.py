@@ -5,9 +5,9 @@
 The GPU benchmarks (bench/test_bench_kernels.py) time whole calls; this profiles the same calls
 with ``torch.profiler`` to tell a slow kernel from a slow call around it. Per case: wall time
 per call (synchronised), device-kernel time per call, host-side time per call, the number of
-host synchronisations per call (``cudaStreamSynchronize``/``cudaDeviceSynchronize`` and
-device-to-host copies, each of which stalls the launch queue), and the kernels with the most
-device time. Cases: ``grpo_sde_loss`` + gradient through the public function (Triton and the
+host synchronisations per call (``cuda*Synchronize`` calls, and ``cudaMemcpyAsync`` calls,
+which include the host-to-device copies that do not stall), and the device rows (kernels,
+copies) with the most device time. Cases: ``grpo_sde_loss`` + gradient through the public function (Triton and the
 reference), ``nft_loss`` + gradient in x0 space and ``flow_noise`` through their Triton ops,
 at the benchmarks' shapes times ``--scale``. On a CPU it runs the reference backend only
 (device columns are then empty), which checks the program.
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from wc_kernels import grpo_sde_loss, reference
@@ -113,10 +114,12 @@ def profile_call(call: Callable[[], None], device: torch.device) -> dict:
             call()
         _sync(device)
     events = prof.key_averages()
-    device_time = lambda e: getattr(e, "self_device_time_total", 0.0)
-    kernels = sorted((e for e in events if device_time(e) > 0), key=device_time, reverse=True)
-    syncs = sum(e.count for e in events if e.key in SYNC_EVENTS
-                or (e.key == "cudaMemcpyAsync" and device_time(e) == 0))
+    device_time = lambda e: e.self_device_time_total
+    # the device's own rows (kernels, copies); an operator's row also carries the device time
+    # of the kernels it launched, which would count them twice
+    kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA),
+                     key=device_time, reverse=True)
+    syncs = sum(e.count for e in events if e.key in SYNC_EVENTS or e.key == "cudaMemcpyAsync")
     host = sum(e.self_cpu_time_total for e in events) / 1e6 / CALLS
     return {"wall_s": wall, "device_s": sum(map(device_time, kernels)) / 1e6 / CALLS,
             "host_s": host, "syncs_per_call": syncs / CALLS,
