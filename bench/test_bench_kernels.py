@@ -13,7 +13,10 @@ loss (with a reference output) and its gradient w.r.t. ``model_output`` (the pub
 is ``REPEAT`` calls and a ``torch.cuda.synchronize()``. ``extra_info`` holds the time per call,
 the achieved bandwidth counting each input read once and each output written once (so the x0
 loss, which reads its inputs twice, reports an effective figure), and that bandwidth as a
-percentage of a measured device-to-device copy (bytes read + written).
+percentage of a measured device-to-device copy (bytes read + written); then the same bytes
+over the device time alone (``device_us_per_call``, ``kernel_pct_of_copy``: kernels and copies
+summed by ``torch.profiler`` over one round, without the host time between them), which tells
+a slow kernel from a call bound by host time.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from studies.op_profile import device_seconds_per_call
 from wc_kernels import reference
 
 CUDA = torch.cuda.is_available()
@@ -65,6 +69,7 @@ def _bench(benchmark, fn, bytes_moved: int, copy_bw: float) -> None:
 
     benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1, warmup_rounds=2)
     per_call = benchmark.stats.stats.median / REPEAT
+    device = device_seconds_per_call(fn, REPEAT, torch.device("cuda"))
     benchmark.extra_info.update(
         calls_per_round=REPEAT,
         us_per_call=round(per_call * 1e6, 1),
@@ -72,6 +77,8 @@ def _bench(benchmark, fn, bytes_moved: int, copy_bw: float) -> None:
         gb_per_s=round(bytes_moved / per_call / 1e9, 1),
         pct_of_copy=round(100 * bytes_moved / per_call / copy_bw, 1),
         copy_gb_per_s=round(copy_bw / 1e9, 1),
+        device_us_per_call=round(device * 1e6, 1),
+        kernel_pct_of_copy=round(100 * bytes_moved / device / copy_bw, 1),
     )
 
 

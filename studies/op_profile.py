@@ -97,8 +97,33 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _profiled(call: Callable[[], None], calls: int, device: torch.device) -> list:
+    """The profiler's per-name rows of ``calls`` calls (then a synchronisation)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            call()
+        _sync(device)
+    return prof.key_averages()
+
+
+def _device_rows(events: list) -> list:
+    """The device's own rows (kernels, copies), most device time first; an operator's row also
+    carries the device time of the kernels it launched, which would count them twice."""
+    return sorted((e for e in events if e.device_type == DeviceType.CUDA),
+                  key=lambda e: e.self_device_time_total, reverse=True)
+
+
+def device_seconds_per_call(call: Callable[[], None], calls: int, device: torch.device) -> float:
+    """Device time (kernels and copies, without the gaps between them) per call, profiled over
+    ``calls`` calls: a kernel's bandwidth apart from the host time of the calls around it."""
+    rows = _device_rows(_profiled(call, calls, device))
+    return sum(e.self_device_time_total for e in rows) / 1e6 / calls
+
+
 def profile_call(call: Callable[[], None], device: torch.device) -> dict:
-    """Wall, device and host time per call (seconds), host syncs per call, top kernels."""
+    """Wall, device and host time per call (seconds), host syncs per call, top device rows."""
     for _ in range(3):  # compile, autotune, allocate
         call()
     _sync(device)
@@ -107,24 +132,16 @@ def profile_call(call: Callable[[], None], device: torch.device) -> dict:
         call()
     _sync(device)
     wall = (time.perf_counter() - start) / CALLS
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
-                                           else [])
-    with profile(activities=activities) as prof:
-        for _ in range(CALLS):
-            call()
-        _sync(device)
-    events = prof.key_averages()
-    device_time = lambda e: e.self_device_time_total
-    # the device's own rows (kernels, copies); an operator's row also carries the device time
-    # of the kernels it launched, which would count them twice
-    kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA),
-                     key=device_time, reverse=True)
+    events = _profiled(call, CALLS, device)
+    kernels = _device_rows(events)
     syncs = sum(e.count for e in events if e.key in SYNC_EVENTS or e.key == "cudaMemcpyAsync")
     host = sum(e.self_cpu_time_total for e in events) / 1e6 / CALLS
-    return {"wall_s": wall, "device_s": sum(map(device_time, kernels)) / 1e6 / CALLS,
+    return {"wall_s": wall,
+            "device_s": sum(e.self_device_time_total for e in kernels) / 1e6 / CALLS,
             "host_s": host, "syncs_per_call": syncs / CALLS,
             "top_kernels": [{"name": e.key[:90], "calls_per_call": e.count / CALLS,
-                             "us_per_call": device_time(e) / CALLS} for e in kernels[:8]]}
+                             "us_per_call": e.self_device_time_total / CALLS}
+                            for e in kernels[:8]]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -113,6 +113,8 @@ ROWS = {"recipe": [], "recipe_no_exploration": NO_EXPLORATION,
         "recipe_all_weights": ["--optim.trainable", "all", "--optim.lr", "1e-4"],
         # credit only for frames whose translation and rotation labels are both right
         "recipe_if_action": ["--reward.if_kind", "action"],
+        # the same for 120 iterations (twice the wan preset's; 20 minutes of Wan training)
+        "recipe_if_action_120its": ["--reward.if_kind", "action", "--train.steps", "120"],
         # the IF reward read by re-rendering the world (an oracle no real world offers)
         "recipe_render_reader": ["--reward.if_reader", "render"],
         "recipe_warp": WARP_RECIPE,
@@ -167,6 +169,8 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "recipe_if_only": "default recipe, IF reward only",
           "recipe_all_weights": "default recipe, every weight trained (lr 1e-4)",
           "recipe_if_action": "default recipe, IF credit only for fully right frames",
+          "recipe_if_action_120its": "default recipe, IF credit only for fully right frames, "
+                                     "120 iterations",
           "recipe_render_reader": "default recipe, IF read by re-rendering the world",
           "recipe_warp": "warp recipe: the default with the warp head's exploration instead "
                          "(the previous default)",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from studies.gpu_targets import Results, target_rows
 
-EXTRA_KEYS = ("us_per_call", "gb_per_s", "pct_of_copy")
+EXTRA_KEYS = ("us_per_call", "gb_per_s", "pct_of_copy", "kernel_pct_of_copy")
 
 
 def benchmark_rows(data: dict) -> list[tuple[str, ...]]:

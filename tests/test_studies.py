@@ -442,7 +442,8 @@ def test_summary_checks_each_target_pass_fail_or_missing(tmp_path, capsys):
     kernels = tmp_path / "bench_kernels.json"
     nft, flow = "nft_loss+grad fp32 4x4194304 velocity", "flow_noise bf16 S=6 K=20 D=131072"
     kernels.write_text(json.dumps({"benchmarks": [
-        _benchmark("test_nft_loss_and_grad[fp32-velocity-triton]", nft, 1e-3, pct_of_copy=80.0),
+        _benchmark("test_nft_loss_and_grad[fp32-velocity-triton]", nft, 1e-3, pct_of_copy=80.0,
+                   kernel_pct_of_copy=90.0),
         _benchmark("test_nft_loss_and_grad[fp32-velocity-compile]", nft, 2e-3, pct_of_copy=40.0),
         _benchmark("test_flow_noise[bf16-triton]", flow, 1e-3, pct_of_copy=50.0),
         _benchmark("test_flow_noise[bf16-compile]", flow, 1.2e-3, pct_of_copy=41.7)]}))
@@ -492,6 +493,9 @@ def test_summary_checks_each_target_pass_fail_or_missing(tmp_path, capsys):
     assert rows["nft_loss+grad fp32 velocity" + pct] == ("80.0%", "PASS")
     assert rows["nft_loss+grad fp32 velocity" + vs_compile][1] == "PASS"
     assert rows["nft_loss+grad fp32 velocity" + vs_compile][0].startswith("2.00x")
+    assert rows["nft_loss+grad fp32 velocity: the same, kernels alone"] == ("90.0%", "PASS")
+    assert rows["flow_noise bf16: the same, kernels alone"][1] == (
+        "MISSING: test_flow_noise[bf16-triton] records no kernel_pct_of_copy")
     assert rows["flow_noise bf16" + pct] == ("50.0%", "FAIL")
     assert rows["flow_noise bf16" + vs_compile][0].startswith("1.20x")
     assert rows["flow_noise bf16" + vs_compile][1] == "FAIL"
@@ -538,18 +542,22 @@ def test_targets_count_only_gpu_runs_and_fail_on_a_failed_test():
 
 
 def test_targets_read_the_committed_h200_results(capsys):
-    """Every target whose benchmarks are in the H200 run's files reads them (the names and
-    keys are the benchmarks' real ones), with the ratio the files' medians give."""
+    """Every target whose benchmarks and keys are in the latest full H200 run's files reads
+    them (the names and keys are the benchmarks' real ones), with the ratio the files'
+    medians give."""
     targets = _load("gpu_targets")
     runs = ROOT / "bench" / "results"
-    files = sorted(runs.glob("2026-11-30-h200/bench_*.json"))
+    files = sorted(runs.glob("2026-12-04-h200/bench_*.json"))
     assert _load("summarize").main([str(f) for f in files]) == 0
     rows = _target_results(capsys.readouterr().out)
     benchmarks = {b["name"]: b for f in files for b in json.loads(f.read_text())["benchmarks"]}
     read = set()
     for target in targets.TARGETS:
         figures = [target.figure] + ([target.baseline] if target.baseline else [])
-        if target.figure.source != "benchmark" or any(f.item not in benchmarks for f in figures):
+        if target.figure.source != "benchmark" or any(
+                f.item not in benchmarks or (f.key != "median" and f.key not in
+                                             benchmarks[f.item]["extra_info"])
+                for f in figures):
             continue
         measured, result = rows[target.name]
         assert result in ("PASS", "FAIL"), (target.name, result)
@@ -558,4 +566,5 @@ def test_targets_read_the_committed_h200_results(capsys):
                      / benchmarks[target.figure.item]["stats"]["median"])
             assert measured.startswith(f"{ratio:.2f}x"), (target.name, measured)
         read.add(target.name.split()[0])
-    assert read == {"nft_loss+grad", "flow_noise", "prefix_attention", "model"}
+    assert read == {"nft_loss+grad", "flow_noise", "grpo_sde_loss+grad", "prefix_attention",
+                    "model"}
