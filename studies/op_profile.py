@@ -9,8 +9,8 @@ host synchronisations per call (``cuda*Synchronize`` calls, and ``cudaMemcpyAsyn
 which include the host-to-device copies that do not stall), and the device rows (kernels,
 copies) with the most device time. Cases: ``grpo_sde_loss`` + gradient through the public
 function (Triton and the reference), ``nft_loss`` + gradient in x0 space and ``flow_noise``
-through their Triton ops, at the benchmarks' shapes times ``--scale``. On a CPU it runs the reference backend only
-(device columns are then empty), which checks the program.
+through their Triton ops, at the benchmarks' shapes times ``--scale``. On a CPU it runs the
+reference backend only (device columns are then empty), which checks the program.
 """
 
 from __future__ import annotations
