@@ -115,6 +115,8 @@ ROWS = {"recipe": [], "recipe_no_exploration": NO_EXPLORATION,
         "recipe_if_action": ["--reward.if_kind", "action"],
         # the same for 120 iterations (twice the wan preset's; 20 minutes of Wan training)
         "recipe_if_action_120its": ["--reward.if_kind", "action", "--train.steps", "120"],
+        # the same without exploration in camera motion: what the exploration adds to it
+        "recipe_if_action_no_exploration": ["--reward.if_kind", "action", *NO_EXPLORATION],
         # the IF reward read by re-rendering the world (an oracle no real world offers)
         "recipe_render_reader": ["--reward.if_reader", "render"],
         "recipe_warp": WARP_RECIPE,
@@ -171,6 +173,8 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "recipe_if_action": "default recipe, IF credit only for fully right frames",
           "recipe_if_action_120its": "default recipe, IF credit only for fully right frames, "
                                      "120 iterations",
+          "recipe_if_action_no_exploration": "default recipe, IF credit only for fully right "
+                                             "frames, no exploration in camera motion",
           "recipe_render_reader": "default recipe, IF read by re-rendering the world",
           "recipe_warp": "warp recipe: the default with the warp head's exploration instead "
                          "(the previous default)",
