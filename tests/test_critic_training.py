@@ -21,6 +21,33 @@ def test_generated_pairs_hold_each_sets_true_and_generated_frames():
         torch.testing.assert_close(again[name][1], pairs[name][1], rtol=0, atol=0)
 
 
+def test_generated_pairs_come_from_the_given_checkpoint(tmp_path):
+    """A checkpoint's generations, not the base's: a random model draws other frames of the
+    same true renders."""
+    from wc_fast.config import preset
+    from wc_fast.models import TinyWorldDiT
+    from wc_fast.models.pretrained import export_world_model
+
+    torch.manual_seed(0)
+    cfg = preset("cpu").model
+    weights = export_world_model(TinyWorldDiT(cfg), tmp_path / "m.safetensors", {"note": "test"})
+    base = trainer.generated_pairs(2, 1, seed=11)
+    other = trainer.generated_pairs(2, 1, seed=11, checkpoint=weights)
+    for name in SETS:
+        torch.testing.assert_close(other[name][0], base[name][0], rtol=0, atol=0)
+        assert other[name][1].shape == base[name][1].shape
+        assert not torch.allclose(other[name][1], base[name][1])
+    with pytest.raises(FileNotFoundError):
+        trainer.generated_pairs(1, 1, seed=11, checkpoint=tmp_path / "missing.safetensors")
+
+
+def test_held_out_check_needs_its_checkpoints():
+    with pytest.raises(SystemExit):
+        acceptance.main(["--only", "held_out"])
+    with pytest.raises(SystemExit):
+        acceptance.main(["--held-out", "some/checkpoint"])
+
+
 class _Recorder(torch.nn.Module):
     """Scores a frame by its mean and keeps what it was given."""
 

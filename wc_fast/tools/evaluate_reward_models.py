@@ -12,7 +12,9 @@ the held-out stream ``batch_seed(EVAL_DATA_SEED, i)`` that no training recipe us
 - critics (reward and eval): how often a clean frame scores above its degraded version, per
   degradation; static clips (no-op) against moving clean clips from the same start frames;
   and how often a true render scores above the shipped base world model's generation of the
-  same frame, per evaluation set, on sequences of the held-out seed ``EVAL_DATA_SEED + 2``.
+  same frame, per evaluation set, on sequences of the held-out seed ``EVAL_DATA_SEED + 2``;
+- with ``--only held_out --held-out CHECKPOINT...``: the same check of the evaluation critic
+  on the generations of checkpoints that no comparison uses.
 """
 
 from __future__ import annotations
@@ -128,12 +130,14 @@ def static_vs_moving(critic: VisualQualityScorer, *, clips: int = 1000) -> dict:
             "smeared_mean": round(float(d.mean()), 4), "clips": len(diff)}
 
 
-def true_vs_generated(critic: VisualQualityScorer, *, sequences: int = 32, clips: int = 6
-                      ) -> dict:
+def true_vs_generated(critic: VisualQualityScorer, *, sequences: int = 32, clips: int = 6,
+                      checkpoint: str | None = None) -> dict:
     """Per evaluation set: the share of frames whose true render outscores the base model's
-    generation of it, and both mean scores (the generated frames' by clip of the rollout)."""
+    (or ``checkpoint``'s) generation of it, and both mean scores (the generated frames' by clip
+    of the rollout)."""
     out = {}
-    for name, (true, made) in generated_pairs(sequences, clips, EVAL_DATA_SEED + 2).items():
+    pairs = generated_pairs(sequences, clips, EVAL_DATA_SEED + 2, checkpoint=checkpoint)
+    for name, (true, made) in pairs.items():
         with torch.no_grad():
             s_true, s_made = critic(true[:, None])[:, 0], critic(made[:, None])[:, 0]
         by_clip = s_made.reshape(sequences, clips, -1).mean((0, 2))
@@ -145,9 +149,12 @@ def true_vs_generated(critic: VisualQualityScorer, *, sequences: int = 32, clips
 
 
 def evaluate(*, clips: int = 1000, threads: int = 2,
-             only: Sequence[str] = ("estimators", "critic")) -> dict:
+             only: Sequence[str] = ("estimators", "critic"), held_out: Sequence[str] = ()
+             ) -> dict:
     """The acceptance numbers of the shipped models (``only`` some of them), with the ``cpu``
-    preset's thresholds."""
+    preset's thresholds; with ``"held_out"`` in ``only``, the evaluation critic's true-vs-
+    generated check on the generations of each checkpoint in ``held_out`` (checkpoints that no
+    comparison uses, so that the critic is validated on world models it was not fitted to)."""
     torch.set_num_threads(threads)
     reward = preset("cpu").reward
     thresholds = dict(trans_thresholds=reward.trans_thresholds,
@@ -164,6 +171,10 @@ def evaluate(*, clips: int = 1000, threads: int = 2,
             "motion_error_steps": round(estimator_motion_error(
                 est, clips=clips, seed=EVAL_DATA_SEED + 1), 4),
             "seconds": round(time.perf_counter() - start, 1)}
+    if "held_out" in only:
+        critic = load_critic("eval")
+        report["critic_eval_held_out"] = {
+            str(path): true_vs_generated(critic, checkpoint=path) for path in held_out}
     if "critic" not in only:
         return report
     for which, name in (("reward", "critic"), ("eval", "critic_eval")):
@@ -181,11 +192,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clips", type=int, default=1000, help="clips per measurement")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None, help="also write the report here")
-    parser.add_argument("--only", choices=("estimators", "critic"), default=None,
-                        help="measure only these models")
+    parser.add_argument("--only", choices=("estimators", "critic", "held_out"), default=None,
+                        help="measure only these models (held_out: the evaluation critic on "
+                             "the generations of --held-out checkpoints)")
+    parser.add_argument("--held-out", nargs="+", default=(), metavar="CHECKPOINT",
+                        help="checkpoints no comparison uses, whose generations validate the "
+                             "evaluation critic (with --only held_out)")
     args = parser.parse_args(argv)
+    if (args.only == "held_out") != bool(args.held_out):
+        parser.error("--only held_out and --held-out CHECKPOINT... go together")
     only = (args.only,) if args.only else ("estimators", "critic")
-    report = evaluate(clips=args.clips, threads=args.threads, only=only)
+    report = evaluate(clips=args.clips, threads=args.threads, only=only, held_out=args.held_out)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

@@ -23,6 +23,7 @@ import argparse
 import math
 import sys
 import time
+from pathlib import Path
 from collections.abc import Sequence
 
 import torch
@@ -106,19 +107,21 @@ def _estimator_loss(model: nn.Module, step: int, recipe: dict, gen: torch.Genera
     return loss, {"agree": float(agree)}
 
 
-def generated_pairs(sequences: int, clips: int, seed: int, *, progress: bool = False
-                    ) -> dict[str, tuple[Tensor, Tensor]]:
-    """Per evaluation set (:data:`wc_fast.eval.KINDS`): true renders and the shipped base world
-    model's generation of the same frames, both ``[N, 3, H, W]``. ``sequences`` sequences of
-    ``clips`` clips from the set's prompt distribution, generated from their first frame and
-    actions as ``python -m wc_fast.eval`` generates them; every frame after the first."""
+def generated_pairs(sequences: int, clips: int, seed: int, *, checkpoint: str | Path | None = None,
+                    progress: bool = False) -> dict[str, tuple[Tensor, Tensor]]:
+    """Per evaluation set (:data:`wc_fast.eval.KINDS`): true renders and a world model's
+    generation of the same frames, both ``[N, 3, H, W]``; the model is the shipped base, or
+    ``checkpoint`` (as ``python -m wc_fast.eval --checkpoint`` takes it). ``sequences``
+    sequences of ``clips`` clips from the set's prompt distribution, generated from their first
+    frame and actions as ``python -m wc_fast.eval`` generates them; every frame after the
+    first."""
     from wc_fast.config import preset
     from wc_fast.eval import KINDS as SETS
     from wc_fast.eval import rollout_sequences
     from wc_fast.models.pretrained import load_checkpoint_model
     from wc_fast.world import sample_sequences
 
-    model = load_checkpoint_model(None, torch.device("cpu"))
+    model = load_checkpoint_model(checkpoint, torch.device("cpu"))
     cfg, sampling = model.cfg, preset("cpu").rollout
     pairs = {}
     for k, (name, (fraction, keys)) in enumerate(SETS.items()):
