@@ -23,8 +23,8 @@ import argparse
 import math
 import sys
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
