@@ -29,7 +29,8 @@
 # GPU_CHECK_STEPS picks steps by name, comma-separated (default: all, in the order above; e.g.
 # GPU_CHECK_STEPS=rl,profile for a short second run); GPU_CHECK_SKIP_RL=1 leaves out rl and wan
 # (the test suite's dry run does: they take minutes on a busy 2-core machine and have their
-# own tests); GPU_CHECK_BUDGET_S sets the time budget (default 570 s).
+# own tests); GPU_CHECK_BUDGET_S sets the time budget (default 570 s), GPU_CHECK_TESTS_CAP_S
+# the tests step's cap (default 150 s).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -47,17 +48,8 @@ wanted() { [[ ",$steps," == *",$1,"* ]]; }
 budget_s="${GPU_CHECK_BUDGET_S:-570}"
 max_files=8
 
-# Wheels the GPU image lacks (diffusers, from bench/gpu_wheels.sh), installed into a temporary
-# folder when the repository holds them in .whl/.
-site=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX") || exit 1
-trap 'rm -rf "$site"' EXIT
-if compgen -G ".whl/*.whl" >/dev/null; then
-    "$py" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
-        --target "$site" .whl/*.whl || exit 1
-    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-PYTHONPATH=$(bash bench/pythonpath.sh) || exit 1
-export PYTHONPATH
+# wheels the GPU image lacks, and this source tree, on PYTHONPATH
+source bench/gpu_site.sh
 export PYTHONDONTWRITEBYTECODE=1
 # Native Triton on the GPU: never the CPU interpreter (tests/conftest.py sets it only
 # without CUDA).
@@ -159,7 +151,7 @@ EOF
         results+=("$out/bench_attention.json")
     fi
     if wanted tests; then
-        run_step 150 "GPU tests" "${pytest[@]}" -m gpu tests/ --junitxml="$out/gpu_tests.xml"
+        run_step "${GPU_CHECK_TESTS_CAP_S:-150}" "GPU tests" "${pytest[@]}" -m gpu tests/ --junitxml="$out/gpu_tests.xml"
         results+=("$out/gpu_tests.xml")
     fi
     if wanted rl; then
