@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import wc_kernels
 from wc_kernels import reference
@@ -173,6 +175,39 @@ def test_aot_covers_every_kernel_dtype_and_head_block():
                     for bd in tri.GPU_HEAD_BLOCKS}
 
 
+@triton.jit
+def _round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(y_ptr + offs, tri._operand(x, tl.float32, "tf32"), mask=offs < n)
+
+
+def test_tf32_operands_are_rounded_to_nearest_even():
+    """Bit for bit: random values of every scale and sign, and exact ties (a 1 in the 13th
+    dropped bit alone) both ways, which round to the even neighbour."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, generator=g) * torch.logspace(-20, 20, 1000)
+    ties = torch.tensor([0x3F801000, 0x3F803000, -0x407FF000, 0x3F800FFF, 0x3F801001],
+                        dtype=torch.int32).view(torch.float32)
+    x = torch.cat([x, ties, torch.zeros(1)])
+    y = torch.full_like(x, float("nan"))
+    _round_kernel[(triton.cdiv(x.numel(), 256),)](x, y, x.numel(), BLOCK=256)
+    want = tf32(x)
+    assert torch.equal(y.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(want[-6:-1].view(torch.int32), torch.tensor(
+        [0x3F800000, 0x3F804000, -0x40800000, 0x3F800000, 0x3F802000], dtype=torch.int32))
+    assert ((x - want).abs() <= x.abs() * 2.0**-11).all()
+
+
+@pytest.mark.parametrize("case", [(2, 2, 37, 9, 11, 17), (1, 1, 1, 1, 1, 1),
+                                  (2, 1, 5, 3, 140, 32)], ids=str)
+def test_tf32_path_error_is_that_of_tf32_matmuls(case, monkeypatch):
+    """The GPU's fp32 path (TF32 operands) run under the interpreter, whose ``tl.dot`` is exact
+    on the rounded operands: output and gradients within twice the error of TF32 matmuls."""
+    monkeypatch.setattr(tri, "_dot_type", lambda dtype, device: (tl.float32, "tf32"))
+    _check_against_float64(_inputs(case, torch.float32), tf32_operands=True)
+
+
 # GPU ---------------------------------------------------------------------------------------
 
 GPU_CASES = [  # (B, H, P, L, Lk, D): real tiles with tails, padded head dims
@@ -184,25 +219,43 @@ GPU_CASES = [  # (B, H, P, L, Lk, D): real tiles with tails, padded head dims
 ]
 
 
-def _same_precision_attention(q, k, v, prefix_k, prefix_v):
-    """The attention with every matmul in the inputs' dtype (TF32 for fp32 on a GPU, as the
-    kernels' ``tl.dot``) and the softmax in fp32: what plain PyTorch at the kernels' precision
-    gives, the yardstick of flash-attention's tests (``attention_ref(upcast=False)``)."""
+def tf32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (fp32) rounded to TF32 (10 mantissa bits), to nearest with ties to even."""
+    bits = x.contiguous().view(torch.int32)
+    return ((bits + ((bits >> 13) & 1) + 0xFFF) & -0x2000).view(torch.float32)
+
+
+class _Tf32Matmul(torch.autograd.Function):
+    """``a @ b`` on TF32 operands with fp32 accumulation, the gradients' matmuls too: what a
+    TF32 tensor-core matmul computes, on any device and whatever torch's TF32 flags say."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return tf32(a) @ tf32(b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad = tf32(grad)
+        return grad @ tf32(b).transpose(-1, -2), tf32(a).transpose(-1, -2) @ grad
+
+
+def _same_precision_attention(q, k, v, prefix_k, prefix_v, tf32_operands=False):
+    """The attention with every matmul in the inputs' dtype (on TF32 operands for fp32 when
+    ``tf32_operands``, as the kernels' ``tl.dot`` on a GPU) and the softmax in fp32: what plain
+    PyTorch at the kernels' precision gives, the yardstick of flash-attention's tests
+    (``attention_ref(upcast=False)``)."""
     b, scale = q.shape[0], q.shape[-1] ** -0.5
     keys = torch.cat([prefix_k.expand(b, -1, -1, -1), k], dim=2)
     values = torch.cat([prefix_v.expand(b, -1, -1, -1), v], dim=2)
-    tf32 = q.is_cuda and q.dtype == torch.float32
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
-        scores = torch.einsum("bhld,bhmd->bhlm", q, keys) * scale
-        weights = scores.float().softmax(dim=-1).to(q.dtype)
-        return torch.einsum("bhlm,bhmd->bhld", weights, values)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+    matmul = _Tf32Matmul.apply if tf32_operands else torch.matmul
+    scores = matmul(q, keys.transpose(-1, -2)) * scale
+    weights = scores.float().softmax(dim=-1).to(q.dtype)
+    return matmul(weights, values)
 
 
-def _check_against_float64(ins, factor=2.0):
+def _check_against_float64(ins, factor=2.0, tf32_operands=False):
     """Output and each gradient: the kernels' largest error against the float64 reference is
     at most ``factor`` times that of plain PyTorch at the same precision, plus a floor of 1e-5
     of the float64 value's scale (an exact baseline cannot set a bound of 0). An empty key set
@@ -211,7 +264,7 @@ def _check_against_float64(ins, factor=2.0):
     base_ins = [t.detach().clone().requires_grad_(True) for t in ins]
     out = wc_kernels.prefix_attention(*ins, backend="triton")
     gold = reference.prefix_attention(*gold_ins)
-    base = _same_precision_attention(*base_ins)
+    base = _same_precision_attention(*base_ins, tf32_operands=tf32_operands)
     assert out.dtype == ins[0].dtype and out.shape == gold.shape
     grad_out = torch.randn_like(out)
     got = [out, *torch.autograd.grad(out, ins, grad_out)]
@@ -239,8 +292,9 @@ def test_error_against_float64_is_that_of_pytorch_at_the_same_precision(case, dt
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", GPU_CASES, ids=str)
 def test_cuda_matches_reference(case, dtype):
-    """fp32 runs its matmuls in TF32 on the GPU, and so does the yardstick there."""
-    _check_against_float64(_inputs(case, dtype, device="cuda"))
+    """fp32 runs its matmuls on TF32 operands on the GPU, and so does the yardstick there."""
+    _check_against_float64(_inputs(case, dtype, device="cuda"),
+                           tf32_operands=dtype == torch.float32)
 
 
 @GPU

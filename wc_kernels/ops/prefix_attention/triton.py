@@ -27,11 +27,11 @@ merged attention, so each key set's gradient is its ordinary attention backward)
 
 Numerics: softmax statistics and all accumulators in fp32, exponentials in base 2 with the
 scale folded into ``log2(e)``. The matmul operands are the input dtype on the GPU: fp16/bf16
-tensor cores, and TF32 ones for fp32 inputs (about 1e-3 relative, as torch's memory-efficient
-SDPA kernel; the 3-pass ``tf32x3`` spills registers at these tiles). Under the interpreter they
-are fp32, since its fp16/bf16 arithmetic is not exact. fp64 is not supported (the public op
-rejects it). Inputs may have any strides with a unit stride along ``D`` (others are copied);
-outputs and gradients are contiguous.
+tensor cores, and TF32 ones for fp32 inputs, rounded to nearest in the kernel (about 1e-3
+relative, as torch's TF32 matmuls; the 3-pass ``tf32x3`` spills registers at these tiles).
+Under the interpreter they are fp32, since its fp16/bf16 arithmetic is not exact. fp64 is not
+supported (the public op rejects it). Inputs may have any strides with a unit stride along ``D``
+(others are copied); outputs and gradients are contiguous.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ class Tiles:
 # CUDA tiles per (kernel, BLOCK_D, fp32 inputs?); fixed so that ``python -m wc_kernels.aot``
 # compiles exactly what runs (checked there for register spills on sm_90, under Triton 3.6 and
 # 3.9). fp32 dq at D=128: (64, 32, 4) spills 72 bytes under Triton 3.6; (128, 32, 8) at two
-# stages compiles to 250 registers without spills under both (196 KB of shared memory).
+# stages compiles to 250 registers without spills under both (196 KB of shared memory). fp32 dkdv
+# at D=128 runs 8 warps: at 4 the TF32 rounding of its operands spills 24 bytes (Triton 3.9).
 GPU_TILES = {
     ("fwd", 32, False): Tiles(128, 64, 4),
     ("fwd", 64, False): Tiles(128, 64, 4),
@@ -89,9 +90,23 @@ GPU_TILES = {
     ("dkdv", 128, False): Tiles(32, 64, 8),
     ("dkdv", 32, True): Tiles(32, 64, 4),
     ("dkdv", 64, True): Tiles(32, 64, 4),
-    ("dkdv", 128, True): Tiles(32, 32, 4),
+    ("dkdv", 128, True): Tiles(32, 32, 8),
 }
 GPU_HEAD_BLOCKS = (32, 64, 128)
+
+
+@triton.jit
+def _operand(x, DOT: tl.constexpr, PREC: tl.constexpr):
+    """``x`` as a matmul operand in ``DOT``. A TF32 operand is rounded here, to nearest with
+    ties to even: the tensor cores read an fp32 register truncated to TF32, which doubles the
+    worst rounding error and biases it (triton-lang/triton#4574); rounded, the error is that of
+    torch's TF32 matmuls."""
+    if DOT == tl.float32:
+        if PREC == "tf32":
+            bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+            bits = (bits + ((bits >> 13) & 1) + 0xFFF) & 0xFFFFE000
+            return bits.to(tl.float32, bitcast=True)
+    return x.to(DOT)
 
 
 @triton.jit
@@ -108,17 +123,17 @@ def _fwd_key_set(acc, m_i, l_i, q, k_base, v_base, stride_kl, stride_vl, n_keys,
         cols = start + offs_n
         col_mask = cols < n_keys
         kv_mask = col_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + cols[:, None] * stride_kl + offs_d[None, :], mask=kv_mask,
-                    other=0.0).to(DOT)
+        k = _operand(tl.load(k_base + cols[:, None] * stride_kl + offs_d[None, :],
+                             mask=kv_mask, other=0.0), DOT, PREC)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         s = tl.where(col_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :], mask=kv_mask,
-                    other=0.0).to(DOT)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v, input_precision=PREC)
+        v = _operand(tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :],
+                             mask=kv_mask, other=0.0), DOT, PREC)
+        acc = acc * alpha[:, None] + tl.dot(_operand(p, DOT, PREC), v, input_precision=PREC)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -144,8 +159,8 @@ def prefix_attn_fwd_kernel(
     row_mask = rows < q_len
     d_mask = offs_d < HEAD_DIM
     q_mask = row_mask[:, None] & d_mask[None, :]
-    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + rows[:, None] * stride_ql
-                + offs_d[None, :], mask=q_mask, other=0.0).to(DOT)
+    q = _operand(tl.load(q_ptr + b * stride_qb + h * stride_qh + rows[:, None] * stride_ql
+                         + offs_d[None, :], mask=q_mask, other=0.0), DOT, PREC)
     # fp32 even when the launcher passes a Python float as fp64 (torch.compile does)
     scale = tl.cast(scale, tl.float32)
     qk_scale = scale * LOG2E  # base-2 exponentials
@@ -179,16 +194,16 @@ def _dq_key_set(dq, q, do, lse2, delta, k_base, v_base, stride_kl, stride_vl, n_
         cols = start + offs_n
         col_mask = cols < n_keys
         kv_mask = col_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + cols[:, None] * stride_kl + offs_d[None, :], mask=kv_mask,
-                    other=0.0).to(DOT)
-        v = tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :], mask=kv_mask,
-                    other=0.0).to(DOT)
+        k = _operand(tl.load(k_base + cols[:, None] * stride_kl + offs_d[None, :],
+                             mask=kv_mask, other=0.0), DOT, PREC)
+        v = _operand(tl.load(v_base + cols[:, None] * stride_vl + offs_d[None, :],
+                             mask=kv_mask, other=0.0), DOT, PREC)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         p = tl.exp2(s - lse2[:, None])
         p = tl.where(row_mask[:, None] & col_mask[None, :], p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(DOT), k, input_precision=PREC)
+        dq += tl.dot(_operand(ds, DOT, PREC), k, input_precision=PREC)
     return dq
 
 
@@ -226,8 +241,8 @@ def prefix_attn_bwd_dq_kernel(
     lse2 = tl.load(lse_ptr + seq + rows, mask=row_mask, other=0.0) * LOG2E
     scale = tl.cast(scale, tl.float32)
     qk_scale = scale * LOG2E
-    q = q.to(DOT)
-    do = do.to(DOT)
+    q = _operand(q, DOT, PREC)
+    do = _operand(do, DOT, PREC)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     dq = _dq_key_set(dq, q, do, lse2, delta, pk_ptr + h * stride_pkh, pv_ptr + h * stride_pvh,
                      stride_pkl, stride_pvl, p_len, qk_scale, row_mask, offs_d, d_mask,
@@ -267,10 +282,10 @@ def prefix_attn_bwd_dkdv_kernel(
     col_mask = cols < n_keys
     d_mask = offs_d < HEAD_DIM
     kv_mask = col_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_ptr + group * stride_kb + h * stride_kh + cols[:, None] * stride_kl
-                + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT)
-    v = tl.load(v_ptr + group * stride_vb + h * stride_vh + cols[:, None] * stride_vl
-                + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT)
+    k = _operand(tl.load(k_ptr + group * stride_kb + h * stride_kh + cols[:, None] * stride_kl
+                         + offs_d[None, :], mask=kv_mask, other=0.0), DOT, PREC)
+    v = _operand(tl.load(v_ptr + group * stride_vb + h * stride_vh + cols[:, None] * stride_vl
+                         + offs_d[None, :], mask=kv_mask, other=0.0), DOT, PREC)
     scale = tl.cast(scale, tl.float32)
     qk_scale = scale * LOG2E
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -284,20 +299,20 @@ def prefix_attn_bwd_dkdv_kernel(
             rows = start + offs_m
             row_mask = rows < q_len
             q_mask = row_mask[:, None] & d_mask[None, :]
-            q = tl.load(q_base + rows[:, None] * stride_ql + offs_d[None, :], mask=q_mask,
-                        other=0.0).to(DOT)
-            do = tl.load(do_base + rows[:, None] * stride_dol + offs_d[None, :], mask=q_mask,
-                         other=0.0).to(DOT)
+            q = _operand(tl.load(q_base + rows[:, None] * stride_ql + offs_d[None, :],
+                                 mask=q_mask, other=0.0), DOT, PREC)
+            do = _operand(tl.load(do_base + rows[:, None] * stride_dol + offs_d[None, :],
+                                  mask=q_mask, other=0.0), DOT, PREC)
             lse2 = tl.load(lse_ptr + seq + rows, mask=row_mask, other=0.0) * LOG2E
             delta = tl.load(delta_ptr + seq + rows, mask=row_mask, other=0.0)
             # Transposed scores [BN, BM]: keys along the rows, as dk and dv are laid out.
             s_t = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
             p_t = tl.exp2(s_t - lse2[None, :])
             p_t = tl.where(col_mask[:, None] & row_mask[None, :], p_t, 0.0)
-            dv += tl.dot(p_t.to(DOT), do, input_precision=PREC)
+            dv += tl.dot(_operand(p_t, DOT, PREC), do, input_precision=PREC)
             dp_t = tl.dot(v, tl.trans(do), input_precision=PREC)
             ds_t = p_t * (dp_t - delta[None, :])
-            dk += tl.dot(ds_t.to(DOT), q, input_precision=PREC)
+            dk += tl.dot(_operand(ds_t, DOT, PREC), q, input_precision=PREC)
     out = (gh.to(tl.int64) * n_keys + cols[:, None]) * HEAD_DIM + offs_d[None, :]
     tl.store(dk_ptr + out, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
     tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
