@@ -26,6 +26,11 @@ device="${DEVICE:-cuda}"
 init="${WAN_INIT:-wc_fast/assets/wan_base_model.safetensors}"
 variants="${WAN_VARIANTS:-more 3 4 5e-4 0.2 2;batch 4 16 5e-4 0.2 2;combo 5 16 3e-4 0.3 2}"
 mkdir -p "$out" || exit 1
+# a world model file travels with its card (model sizes), which pretraining reads
+if [[ ! -f "$init" || ! -f "${init%.safetensors}.json" ]]; then
+    echo "gpu_wan_base: WAN_INIT $init needs the file and its card ${init%.safetensors}.json" >&2
+    exit 1
+fi
 source bench/gpu_site.sh
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=4
 work="$(mktemp -d)"
