@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
 INTERPRET_MAX_BLOCK = 1 << 14
 INTERPRET_BLOCKS_PER_CHUNK = 4
@@ -88,6 +89,23 @@ def check_operand(op: str, name: str, t: torch.Tensor, shape: tuple[int, ...], r
     if same_dtype and t.dtype != ref.dtype:
         raise TypeError(f"{op}: {name} must have the dtype of {ref_name} ({ref.dtype}), "
                         f"got {t.dtype}")
+
+
+def may_trace(*tensors: torch.Tensor | None) -> bool:
+    """Whether anything may be tracing a launch on ``tensors``: compiling, a dispatch mode
+    (FakeTensorMode, a proxy mode), or an input that is a tensor subclass (FakeTensor,
+    FunctionalTensor)."""
+    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or any(t is not None and type(t) is not torch.Tensor for t in tensors))
+
+
+def launchable(kernel: Any, *tensors: torch.Tensor | None) -> Any:
+    """``kernel`` to launch (``launchable(k, x, y)[grid](x, y, ...)``): ``wrap_triton(kernel)``
+    when anything :func:`may_trace` the launch, where it must show up in the graph; else the
+    kernel itself. In eager, wrap_triton's higher-order-op dispatch costs tens of microseconds
+    of host time per launch (flash-attention#2818), more than a small kernel runs; the launch
+    itself is the same."""
+    return wrap_triton(kernel) if may_trace(*tensors) else kernel
 
 
 def tl_acc(dtype: torch.dtype) -> tl.dtype:

@@ -12,9 +12,15 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import wrap_triton
 
-from wc_kernels._triton import AotConfig, check_operand, interpret_block, new_output, tl_acc
+from wc_kernels._triton import (
+    AotConfig,
+    check_operand,
+    interpret_block,
+    launchable,
+    new_output,
+    tl_acc,
+)
 
 GPU_BLOCK = 1024  # 8 elements per thread: a few clean rows still give enough programs
 GPU_WARPS = 4
@@ -60,7 +66,7 @@ def flow_noise(x0: Tensor, sigmas: Tensor, noise: Tensor) -> tuple[Tensor, Tenso
     on_gpu = x.device.type == "cuda"
     block = GPU_BLOCK if on_gpu else interpret_block(d)
     if d > 0:
-        wrap_triton(flow_noise_kernel)[(s, triton.cdiv(d, block))](
+        launchable(flow_noise_kernel, x, sig, eps)[(s, triton.cdiv(d, block))](
             x, sig, eps, x_t, v, d, k, BLOCK=block, ACC=tl_acc(x.dtype), num_warps=GPU_WARPS)
     return x_t, v
 

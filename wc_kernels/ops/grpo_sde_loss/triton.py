@@ -31,10 +31,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import wrap_triton
 
 from wc_kernels._dtypes import compute_dtype
-from wc_kernels._triton import AotConfig, check_operand, new_output, row_split, tl_acc
+from wc_kernels._triton import (
+    AotConfig,
+    check_operand,
+    launchable,
+    new_output,
+    row_split,
+    tl_acc,
+)
 
 GPU_BLOCK = 2048  # per loop step: 8 elements per thread, one 16-byte load for bf16
 GPU_WARPS = 8
@@ -139,7 +145,7 @@ def sde_residual_sums(model_output: Tensor, sample: Tensor, prev_sample: Tensor,
     m, x, p, r, k, cfg = _prepared(model_output, sample, prev_sample, ref_output, coef)
     rows = m.shape[0]
     part = new_output((rows, cfg.n_splits, 2), k.dtype, m.device)
-    wrap_triton(sde_sums_kernel)[(rows, cfg.n_splits)](
+    launchable(sde_sums_kernel, m, x, p, r, k)[(rows, cfg.n_splits)](
         m, x, p, r, k, part, m.shape[1], cfg.chunk, cfg.n_splits,
         HAS_REF=ref_output is not None, BLOCK=cfg.block, ACC=tl_acc(m.dtype),
         num_warps=cfg.num_warps)
@@ -157,7 +163,7 @@ def sde_residual_sums_bwd(weights: Tensor, model_output: Tensor, sample: Tensor,
     m, x, p, r, k, cfg = _prepared(model_output, sample, prev_sample, ref_output, coef)
     w = weights.to(k.dtype).contiguous()
     grad = new_output(m.shape, m.dtype, m.device)
-    wrap_triton(sde_grad_kernel)[(m.shape[0], cfg.n_splits)](
+    launchable(sde_grad_kernel, m, x, p, r, k, w)[(m.shape[0], cfg.n_splits)](
         m, x, p, r, k, w, grad, m.shape[1], cfg.chunk, HAS_REF=ref_output is not None,
         BLOCK=cfg.block, ACC=tl_acc(m.dtype), num_warps=cfg.num_warps)
     return grad

@@ -26,12 +26,12 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import wrap_triton
 
 from wc_kernels._dtypes import compute_dtype
 from wc_kernels._triton import (
     AotConfig,
     check_operand,
+    launchable,
     new_output,
     row_split,
     tl_acc,
@@ -153,7 +153,7 @@ def nft_loss_fwd(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
     k = r32  # not read in velocity space (HAS_K=False)
     if x0:
         sums = new_output((rows, cfg.n_splits, 2), acc, vt.device)
-        wrap_triton(nft_abs_err_kernel)[grid](
+        launchable(nft_abs_err_kernel, vt, vo, vs)[grid](
             vt, vo, vs, sums, beta, d, cfg.chunk, cfg.n_splits,
             BLOCK=cfg.block, ACC=tl_acc(vt.dtype), num_warps=cfg.num_warps)
         s = sigma.to(torch.float32).to(acc).unsqueeze(1)
@@ -161,7 +161,7 @@ def nft_loss_fwd(v_theta: Tensor, v_old: Tensor, v_target: Tensor, r: Tensor,
         k = (s * s / w).contiguous()
     grad = new_output(vt.shape, vt.dtype, vt.device)
     part = new_output((rows, cfg.n_splits), acc, vt.device)
-    wrap_triton(nft_loss_grad_kernel)[grid](
+    launchable(nft_loss_grad_kernel, vt, vo, vs, r32, k)[grid](
         vt, vo, vs, r32, k, grad, part, beta, grad_scale, d, cfg.chunk, cfg.n_splits,
         HAS_K=x0, BLOCK=cfg.block, ACC=tl_acc(vt.dtype), num_warps=cfg.num_warps)
     return part.sum(dim=1), grad

@@ -42,9 +42,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import wrap_triton
 
-from wc_kernels._triton import PROGRAMS_PER_SM, AotConfig, _sm_count, new_output
+from wc_kernels._triton import PROGRAMS_PER_SM, AotConfig, _sm_count, launchable, new_output
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
@@ -394,7 +393,7 @@ def prefix_attention_fwd(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, pref
     dot, prec = _dot_type(q.dtype, q.device)
     grid = (triton.cdiv(lq, tiles.block_m), b * h)
     if lq > 0 and b > 0:
-        wrap_triton(prefix_attn_fwd_kernel)[grid](
+        launchable(prefix_attn_fwd_kernel, q, k_, v_, pk, pv)[grid](
             q, k_, v_, pk, pv, out, lse, *_strides3(q), *_strides3(k_), *_strides3(v_),
             pk.stride(1), pk.stride(2), pv.stride(1), pv.stride(2), h, lq, lk, p, scale,
             HEAD_DIM=d, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=head_block(d),
@@ -421,7 +420,8 @@ def prefix_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, pref
     delta = new_output((b, h, lq), torch.float32, q.device)
     if lq > 0 and b > 0:
         tiles = _tiles("dq", q.dtype, d, lq, max(lk, p), q.device)
-        wrap_triton(prefix_attn_bwd_dq_kernel)[(triton.cdiv(lq, tiles.block_m), b * h)](
+        grid = (triton.cdiv(lq, tiles.block_m), b * h)
+        launchable(prefix_attn_bwd_dq_kernel, q, k_, v_, pk, pv, out, do)[grid](
             q, k_, v_, pk, pv, out, do, lse, delta, dq, *_strides3(q), *_strides3(k_),
             *_strides3(v_), pk.stride(1), pk.stride(2), pv.stride(1), pv.stride(2),
             *_strides3(do), h, lq, lk, p, scale, BLOCK_M=tiles.block_m,
@@ -465,7 +465,8 @@ def _dkdv(q: Tensor, do: Tensor, lse: Tensor, delta: Tensor, keys: Tensor, value
     if n > 0 and groups > 0:
         tiles = _tiles("dkdv", q.dtype, d, lq, n, q.device)
         stride_kb, stride_vb = (0, 0) if shared else (keys.stride(0), values.stride(0))
-        wrap_triton(prefix_attn_bwd_dkdv_kernel)[(triton.cdiv(n, tiles.block_n), groups * h)](
+        grid = (triton.cdiv(n, tiles.block_n), groups * h)
+        launchable(prefix_attn_bwd_dkdv_kernel, q, do, keys, values)[grid](
             q, do, lse, delta, keys, values, dk, dv, *_strides3(q), *_strides3(do),
             stride_kb, keys.stride(1), keys.stride(2), stride_vb, values.stride(1),
             values.stride(2), h, lq, n, b, rows_per_group, scale, BLOCK_M=tiles.block_m,
