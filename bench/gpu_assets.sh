@@ -11,8 +11,8 @@
 # OUT_DIR/estimators.tgz (both estimators and every job's log), OUT_DIR/base_0.1.tgz and
 # OUT_DIR/base_0.0.tgz (weights, card, loss log), OUT_DIR/wan_base.tgz (the last Wan stage's
 # weights, every stage's card and loss log) and OUT_DIR/assets.log. Needs nothing from a
-# registry: runs from the source tree with the machine's python3 and torch
-# (bench/pythonpath.sh).
+# registry but the wheels of bench/gpu_wheels.sh in .whl/ (diffusers): runs from the source tree
+# with the machine's python3 and torch (bench/gpu_site.sh).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -24,9 +24,9 @@ device="${DEVICE:-cuda}"  # DEVICE=cpu for a dry run without a GPU
 read -r -a wan_steps <<<"${WAN_STEPS:-4471 4928 4999}"
 work="$(mktemp -d)"
 mkdir -p "$out" "$work/assets"
-# wc_fast and wc_kernels from the source tree
-PYTHONPATH=$(bash bench/pythonpath.sh) || exit 1
-export PYTHONPATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+# the wheels the GPU image lacks (diffusers, for the Wan stages) and the source tree
+source bench/gpu_site.sh
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 
 pids=()
 for which in reward eval; do
@@ -58,14 +58,9 @@ wan_stages() {
 wan_stages >"$work/pretrain_wan.log" 2>&1 &
 pids+=($!)
 status=0
-for pid in "${pids[@]}"; do
-    wait "$pid" || status=1
-done
+wait_jobs "${pids[@]}" || status=1
 
-for log in "$work"/*.log; do
-    echo "== $(basename "$log")"
-    tail -n 4 "$log"
-done | tee "$out/assets.log"
+log_summary "$work" | tee "$out/assets.log"
 # one archive per base model: each stays under the 16 MiB a returned file may have
 (cd "$work" && tar czf "$out/estimators.tgz" assets ./*.log)
 for fraction in 0.1 0.0; do

@@ -47,13 +47,8 @@ for variant in "${variant_list[@]}"; do
     pids+=($!)
 done
 status=0
-for pid in "${pids[@]}"; do
-    wait "$pid" || status=1
-done
-for log in "$work"/*.log; do
-    echo "== $(basename "$log")"
-    tr '\r' '\n' <"$log" | grep -a -e "held-out loss" -e "stopping" -e "exported" -e "Error" | tail -n 4
-done | tee "$out/wan_base.log"
+wait_jobs "${pids[@]}" || status=1
+log_summary "$work" "held-out loss\|stopping\|exported\|Error" | tee "$out/wan_base.log"
 for dir in "$work"/wan_*/; do
     name=$(basename "$dir")
     (cd "$work" && tar czf "$out/$name.tgz" "$name"/base_model.safetensors \
