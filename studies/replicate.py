@@ -139,7 +139,10 @@ SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic
 # (the update guard acts only on an update larger than the weights it changes, which none of
 # the cached runs made)
 FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio": 1.0,
-                    "reward.if_reader": "estimator"}
+                    "reward.if_reader": "estimator", "model.history_window": 0}
+# model-card fields added after the study began, with the value every cached score was made at:
+# a base model's card that sets one otherwise gives its scores a new evaluation id
+CARD_FIELDS_ADDED_OFF = {"history_window": 0}
 # fields renamed after the study began, hashed under the name and value they had then
 FIELDS_RENAMED = {"rollout.candidate_noise": ("exploration", {"independent": "noise"})}
 # the pretraining section the RL run's config held when the study began (the cpu preset's; it
@@ -223,7 +226,16 @@ def evaluation_id(sequences: int, clips: int, *, final: bool = False, base: str 
     for name in SCORED_ASSETS:
         path = BASE_MODELS[base] if name == "base_model" else ASSETS / f"{name}.safetensors"
         digest.update(path.read_bytes())
+    digest.update(_card_changes(base))
     return digest.hexdigest()[:8]
+
+
+def _card_changes(base: str) -> bytes:
+    """The base's card fields of ``CARD_FIELDS_ADDED_OFF`` that differ from their value then
+    (empty when none does, so the ids made before those fields existed stay)."""
+    card = json.loads(BASE_MODELS[base].with_suffix(".json").read_text())["model"]
+    changed = {k: card[k] for k, off in CARD_FIELDS_ADDED_OFF.items() if card.get(k, off) != off}
+    return json.dumps(changed, sort_keys=True).encode() if changed else b""
 
 
 def training_args(row: str, seed: int, steps: int | None, base: str = "tiny") -> list[str]:
@@ -257,6 +269,7 @@ def training_id(row: str, seed: int, steps: int | None, base: str = "tiny") -> s
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
     if base != "tiny":  # RL starts from the shipped weights: retrained ones train a new run
         digest.update(BASE_MODELS[base].read_bytes())
+        digest.update(_card_changes(base))
     return digest.hexdigest()[:8]
 
 

@@ -38,19 +38,24 @@ def tiny(prediction: str = "velocity", **fields) -> Callable[[], WorldModel]:
     return lambda: _randomise(TinyWorldDiT(cfg, attention_backend="reference"), 0)
 
 
-def wan() -> WorldModel:
-    torch.manual_seed(0)
-    transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4,
-        out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32)
-    model = WanWorldModel(transformer, clip_frames=2, latent_size=(4, 6),
-                          attention_backend="reference")
-    return _randomise(model, 1)
-
-
-def wan_pixels(reference_frame: bool = False) -> Callable[[], WorldModel]:
+def wan(history_window: int = 0) -> Callable[[], WorldModel]:
     def build() -> WorldModel:
-        cfg = dataclasses.replace(TINY, backbone="wan", patch=4, reference_frame=reference_frame)
+        torch.manual_seed(0)
+        transformer = WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4,
+            out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2,
+            rope_max_seq_len=32)
+        model = WanWorldModel(transformer, clip_frames=2, latent_size=(4, 6),
+                              attention_backend="reference", history_window=history_window)
+        return _randomise(model, 1)
+
+    return build
+
+
+def wan_pixels(reference_frame: bool = False, **fields) -> Callable[[], WorldModel]:
+    def build() -> WorldModel:
+        cfg = dataclasses.replace(TINY, backbone="wan", patch=4, reference_frame=reference_frame,
+                                  **fields)
         return _randomise(new_world_model(cfg), 3)
 
     return build
@@ -63,9 +68,12 @@ def worldplay() -> WorldModel:
 
 
 BACKBONES = {"tiny_velocity": tiny(), "tiny_warp": tiny("warp", pose_branch=True),
-             "tiny_motion_latent": tiny("x0", motion_latent=True), "wan_latent": wan,
+             "tiny_motion_latent": tiny("x0", motion_latent=True), "wan_latent": wan(),
              "wan_pixels": wan_pixels(), "wan_pixels_reference": wan_pixels(True),
-             "worldplay": worldplay}
+             "worldplay": worldplay,
+             # attention to the last 2 history frames only: shorter than the histories below
+             "tiny_window": tiny(history_window=2), "wan_latent_window": wan(2),
+             "wan_pixels_reference_window": wan_pixels(True, history_window=2)}
 
 
 @pytest.fixture(params=list(BACKBONES))

@@ -70,10 +70,22 @@ def test_final_table_names_runs_and_evaluations_by_base(tmp_path, monkeypatch):
     assert run_id != replicate.training_id("recipe", 0, None)
     weights = tmp_path / "wan_base_model.safetensors"
     weights.write_bytes(b"retrained weights")
+    card = json.loads(replicate.BASE_MODELS["wan"].with_suffix(".json").read_text())
+    weights.with_suffix(".json").write_text(json.dumps(card))
     monkeypatch.setitem(replicate.BASE_MODELS, "wan", weights)
     # RL starts from the shipped base: retrained weights are a new run and a new evaluation
+    retrained = replicate.evaluation_id(3, 2, final=True, base="wan")
     assert replicate.training_id("recipe", 0, None, "wan") != run_id
-    assert replicate.evaluation_id(3, 2, final=True, base="wan") != wan
+    assert retrained != wan
+    # a card field added later: at its old value the id made before it existed, else a new one
+    ids = {}
+    for window in (None, 0, 3):
+        card["model"].pop("history_window", None)
+        if window is not None:
+            card["model"]["history_window"] = window
+        weights.with_suffix(".json").write_text(json.dumps(card))
+        ids[window] = replicate.evaluation_id(3, 2, final=True, base="wan")
+    assert ids[None] == ids[0] and ids[3] not in (ids[0], retrained)
 
 
 @pytest.mark.parametrize("rows", ["recipe:0", "recipe:x", "nope", ""])

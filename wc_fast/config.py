@@ -152,6 +152,12 @@ class ModelConfig:
         "train phase's; never in the no-grad rollouts) and run the block again in the "
         "backward (torch.utils.checkpoint, non-reentrant): activation memory of one block "
         "instead of all, for one more forward per update. Same loss and gradients")})
+    history_window: int = field(default=0, metadata={"help": (
+        "history frames each chunk attends to: the last this many before it (the cache keeps "
+        "only those, so a long rollout's memory stops growing); 0 = the whole history. A model "
+        "pretrained on short sequences then sees, clip after clip, the history lengths it was "
+        "trained on: the embedded Wan base uses 5, the prompt frame and one clip of its "
+        "2-clip pretraining sequences (docs/base_model.md). tiny and wan backbones")})
 
 
 @dataclass(slots=True)
@@ -739,6 +745,10 @@ def _base_model(m: ModelConfig, name: str) -> bool:
     # history's attention alone and its frames stayed blurred (docs/base_model.md)
     m.reference_frame, m.prediction = True, "velocity"
     m.motion_latent = m.pose_branch = False
+    # the prompt frame and one clip: the longest history its 2-clip pretraining sequences show
+    # a clip; with the whole history its accuracy fell from the third clip on
+    # (docs/base_model.md)
+    m.history_window = 1 + m.clip_frames
     return True
 
 
@@ -959,6 +969,11 @@ def validate_model(m: ModelConfig) -> None:
              f"a multiple of model.patch={m.patch}", m.resolution)
     _require(m.dim % m.heads == 0, "model.dim", f"a multiple of model.heads={m.heads}", m.dim)
     _require(0.0 <= m.context_sigma < 1.0, "model.context_sigma", "in [0, 1)", m.context_sigma)
+    _require(m.history_window >= 0, "model.history_window", "an integer >= 0 (0 = the whole "
+             "history)", m.history_window)
+    _require(m.history_window == 0 or m.backbone != "worldplay", "model.history_window",
+             "0 with model.backbone 'worldplay' (its cache chooses its own memory frames)",
+             m.history_window)
 
 
 # the memory a config may ask of one rank before validation refuses it as a mistake: more than

@@ -1,8 +1,9 @@
 """Clip-level layout shared by the block-causal world models.
 
 A history starts with one prompt frame, then whole clips of ``clip_frames`` frames; each chunk
-(the prompt, then each clip) attends to itself and to every earlier chunk. These helpers
-compute that layout once for every model that follows it.
+(the prompt, then each clip) attends to itself and to every earlier chunk, or, with a history
+window of ``W`` frames (``model.history_window``), to the last ``W`` history frames before it.
+These helpers compute that layout once for every model that follows it.
 """
 
 from __future__ import annotations
@@ -90,13 +91,50 @@ def chunk_ids(frames: int, clip_frames: int, device: torch.device) -> Tensor:
                                    torch.tensor(sizes, device=device))
 
 
-def history_mask(frames: int, clip_frames: int, device: torch.device) -> Tensor:
-    """Frame-level mask ``[T, T]`` of a whole history: a frame sees its chunk and earlier ones."""
+def check_history_window(window: int) -> int:
+    """``window`` must be an int >= 0 (history frames a chunk attends to; 0: all of them)."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"history_window must be an int >= 0 (0 = the whole history), got "
+                         f"{window!r}")
+    return window
+
+
+def _in_window(chunk: Tensor, start: Tensor, window: int) -> Tensor:
+    """``[T, T]``: key frame ``k`` is in query frame ``q``'s window: its own chunk, or one of
+    the ``window`` frames before that chunk's first frame (every frame for ``window`` 0)."""
+    keys = torch.arange(chunk.shape[0], device=chunk.device)
+    if window == 0:
+        return torch.ones(chunk.shape[0], chunk.shape[0], dtype=torch.bool, device=chunk.device)
+    return (chunk[:, None] == chunk[None, :]) | (keys[None, :] >= start[:, None] - window)
+
+
+def _chunk_starts(chunk: Tensor) -> Tensor:
+    """First frame ``[T]`` of every frame's chunk, for chunk ids ``[T]`` in order."""
+    first = torch.ones_like(chunk, dtype=torch.bool)
+    first[1:] = chunk[1:] != chunk[:-1]
+    frames = torch.arange(chunk.shape[0], device=chunk.device)
+    return frames[first][chunk]
+
+
+def history_mask(frames: int, clip_frames: int, device: torch.device, window: int = 0
+                 ) -> Tensor:
+    """Frame-level mask ``[T, T]`` of a whole history: a frame sees its chunk and earlier ones
+    (with ``window``, only the last ``window`` frames before its chunk)."""
     chunk = chunk_ids(frames, clip_frames, device)
-    return chunk[:, None] >= chunk[None, :]
+    return (chunk[:, None] >= chunk[None, :]) & _in_window(chunk, _chunk_starts(chunk), window)
 
 
-def teacher_forced_layout(total: int, clip_frames: int, device: torch.device
+def trim_history(keys: list[Tensor], values: list[Tensor], window: int,
+                 tokens_per_frame: int) -> tuple[list[Tensor], list[Tensor]]:
+    """Cached per-layer keys and values ``[1, H, P, Dh]`` cut to their last ``window`` frames
+    (unchanged for ``window`` 0): what the next chunk attends to, and all a long rollout keeps."""
+    if window == 0:
+        return keys, values
+    cut = window * tokens_per_frame
+    return [k[:, :, -cut:] for k in keys], [v[:, :, -cut:] for v in values]
+
+
+def teacher_forced_layout(total: int, clip_frames: int, device: torch.device, window: int = 0
                           ) -> tuple[Tensor, Tensor]:
     """Frame positions ``[2T - 1]`` and frame-level mask ``[2T - 1, 2T - 1]`` of a sequence of
     ``total = T`` clean frames (prompt first) followed by the ``T - 1`` noisy frames of its
@@ -104,13 +142,16 @@ def teacher_forced_layout(total: int, clip_frames: int, device: torch.device
 
     Clean frames see their chunk and earlier ones; noisy clip ``j`` sees the clean prompt, the
     clean clips before ``j`` and itself, at the positions of clean clip ``j``: exactly what it
-    sees over a cache of its history.
+    sees over a cache of its history (with ``window``, only the last ``window`` clean frames
+    before clip ``j``, as a cache cut to that window holds).
     """
     positions = torch.cat([torch.arange(total, device=device),
                            torch.arange(1, total, device=device)])
     clean = chunk_ids(total, clip_frames, device)
     noisy = clean[1:]
-    sees_clean = torch.cat([clean[:, None] >= clean[None, :], noisy[:, None] > clean[None, :]])
+    start = _chunk_starts(clean)
+    noisy_sees = (noisy[:, None] > clean[None, :]) & _in_window(clean, start, window)[1:]
+    sees_clean = torch.cat([history_mask(total, clip_frames, device, window), noisy_sees])
     sees_noisy = torch.cat([torch.zeros(total, total - 1, dtype=torch.bool, device=device),
                             noisy[:, None] == noisy[None, :]])
     return positions, torch.cat([sees_clean, sees_noisy], dim=1)

@@ -193,7 +193,8 @@ def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *
                                           prompt_embeds=load_prompt_embeds(cfg.prompt_embeds),
                                           context_sigma=cfg.context_sigma, seed=seed,
                                           activation_checkpointing=cfg.activation_checkpointing,
-                                          autocast_dtype=DTYPES[cfg.dtype])
+                                          autocast_dtype=DTYPES[cfg.dtype],
+                                          history_window=cfg.history_window)
     if cfg.lora_rank:
         model.add_lora(cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, seed=seed)
     return model.to(device)

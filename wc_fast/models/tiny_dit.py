@@ -33,6 +33,7 @@ from wc_fast.models.clips import (
     pressed_keys,
     sequence_reference,
     teacher_forced_layout,
+    trim_history,
 )
 from wc_fast.models.motion_latent import LATENTS
 from wc_fast.models.protocol import ContextCache
@@ -321,7 +322,7 @@ class TinyWorldDiT(nn.Module):
     @property
     def signature(self) -> tuple:
         c = self.cfg
-        return (c.resolution, c.channels, c.patch, c.dim, c.depth, c.heads)
+        return (c.resolution, c.channels, c.patch, c.dim, c.depth, c.heads, c.history_window)
 
     @property
     def clip_shape(self) -> tuple[int, int, int, int]:
@@ -358,7 +359,7 @@ class TinyWorldDiT(nn.Module):
         if cache.signature != self.signature:
             raise ValueError(f"cache was built by a model with sizes {cache.signature}, this "
                              f"model has {self.signature} (resolution, channels, patch, dim, "
-                             "depth, heads)")
+                             "depth, heads, history window)")
 
     def _conditioning(self, sigma: Tensor, actions: Tensor, motion: Tensor | None = None,
                       action_offset: Tensor | None = None) -> Tensor:
@@ -493,11 +494,13 @@ class TinyWorldDiT(nn.Module):
             raise ValueError(f"history frames are shared: batch must be 1, got {frames.shape[0]}")
         actions = check_actions(actions, 1, frames.shape[1]).clone()
         actions[:, 0] = PROMPT_ACTION
-        attend = masked_attend(history_mask(frames.shape[1], self.clip_frames, frames.device),
-                               self.tokens_per_frame)
+        window = self.cfg.history_window
+        attend = masked_attend(history_mask(frames.shape[1], self.clip_frames, frames.device,
+                                            window), self.tokens_per_frame)
         sig = self._history_sigma(sigma, frames.device)
         _, _, keys, values = self._trunk(frames, sig, actions, self.empty_cache(), attend=attend,
                                          reference=self._sequence_reference(frames))
+        keys, values = trim_history(keys, values, window, self.tokens_per_frame)
         return ContextCache(keys=keys, values=values, num_frames=frames.shape[1],
                             signature=self.signature, last_frame=frames[:, -1])
 
@@ -535,7 +538,7 @@ class TinyWorldDiT(nn.Module):
         all_sigma = torch.cat([torch.full((b, total), float(context_sigma), device=device,
                                           dtype=sigma.dtype),
                                sigma.repeat_interleave(f, dim=1)], dim=1)
-        positions, frame_mask = teacher_forced_layout(total, f, device)
+        positions, frame_mask = teacher_forced_layout(total, f, device, self.cfg.history_window)
         attend = masked_attend(frame_mask, self.tokens_per_frame)
         reference = self._sequence_reference(frames)
         if reference is not None:
@@ -557,6 +560,7 @@ class TinyWorldDiT(nn.Module):
                                                                      strict=True)]
             values = [torch.cat([old, new], dim=2) for old, new in zip(cache.values, values,
                                                                        strict=True)]
+        keys, values = trim_history(keys, values, self.cfg.history_window, self.tokens_per_frame)
         return ContextCache(keys=keys, values=values,
                             num_frames=cache.num_frames + frames.shape[1],
                             signature=self.signature, last_frame=frames[:, -1])

@@ -46,6 +46,7 @@ from wc_fast.models.clips import (
     check_actions,
     check_cache,
     check_frames,
+    check_history_window,
     chunk_reference,
     history_chunks,
     history_mask,
@@ -53,6 +54,7 @@ from wc_fast.models.clips import (
     pressed_keys,
     sequence_reference,
     teacher_forced_layout,
+    trim_history,
 )
 from wc_fast.models.lora import inject_lora, lora_parameters
 from wc_fast.models.protocol import ContextCache
@@ -225,6 +227,9 @@ class WanWorldModel(nn.Module):
     every frame of a chunk also receives the last frame before the chunk (zeros for the
     prompt) concatenated to its channels, as Wan's image-to-video models take their
     conditioning image; the transformer then has twice as many input as output channels.
+    ``history_window``: each chunk attends to only the last ``history_window`` history frames
+    before it, and the cache keeps only those (0: the whole history); a model pretrained on
+    short sequences then sees, deep into a rollout, the history lengths it was trained on.
     """
 
     motion_latent = False
@@ -235,7 +240,8 @@ class WanWorldModel(nn.Module):
                  context_sigma: float = 0.0, attention_backend: str = "auto",
                  seed: int = 0, activation_checkpointing: bool = False,
                  autocast_dtype: torch.dtype = torch.float32, pixels: bool = False,
-                 cfg: ModelConfig | None = None, reference_frame: bool = False) -> None:
+                 cfg: ModelConfig | None = None, reference_frame: bool = False,
+                 history_window: int = 0) -> None:
         super().__init__()
         arch = transformer.config
         p_t, p_h, p_w = arch.patch_size
@@ -257,6 +263,7 @@ class WanWorldModel(nn.Module):
         self.reference_frame = reference_frame
         self.cfg = cfg
         self.clip_frames = clip_frames
+        self.history_window = check_history_window(history_window)
         self.context_sigma = context_sigma
         self.latent_size = (height, width)
         self.grid = (height // p_h, width // p_w)
@@ -298,7 +305,8 @@ class WanWorldModel(nn.Module):
                         prompt_embeds: Tensor | None = None, context_sigma: float = 0.0,
                         attention_backend: str = "auto", seed: int = 0,
                         activation_checkpointing: bool = False,
-                        autocast_dtype: torch.dtype = torch.float32) -> WanWorldModel:
+                        autocast_dtype: torch.dtype = torch.float32,
+                        history_window: int = 0) -> WanWorldModel:
         """The fp32 backbone from a local diffusers directory (see :func:`transformer_dir`),
         with fresh action layers drawn from ``seed`` (their projection is zero: the backbone's
         predictions unchanged). Nothing is downloaded; cast with ``.to(dtype)`` afterwards."""
@@ -307,7 +315,7 @@ class WanWorldModel(nn.Module):
                    prompt_embeds=prompt_embeds, context_sigma=context_sigma,
                    attention_backend=attention_backend, seed=seed,
                    activation_checkpointing=activation_checkpointing,
-                   autocast_dtype=autocast_dtype)
+                   autocast_dtype=autocast_dtype, history_window=history_window)
 
     def add_lora(self, rank: int, alpha: float, targets: tuple[str, ...], *,
                  seed: int = 0) -> None:
@@ -337,7 +345,8 @@ class WanWorldModel(nn.Module):
                              attention_backend=self.attention_backend, seed=self.seed,
                              activation_checkpointing=self.activation_checkpointing,
                              autocast_dtype=self.autocast_dtype, pixels=self.pixels,
-                             cfg=self.cfg, reference_frame=self.reference_frame)
+                             cfg=self.cfg, reference_frame=self.reference_frame,
+                             history_window=self.history_window)
         if self.lora is not None:
             copy.add_lora(*self.lora, seed=self.seed)
         return copy
@@ -426,10 +435,12 @@ class WanWorldModel(nn.Module):
 
     @property
     def signature(self) -> tuple:
-        """The sizes a cache depends on: latent channels and size, patch, width, depth, heads."""
+        """What a cache depends on: latent channels and size, patch, width, depth, heads and the
+        history window."""
         c = self.transformer.config
         return (c.in_channels, self.latent_size, tuple(c.patch_size),
-                c.num_attention_heads * c.attention_head_dim, c.num_layers, c.num_attention_heads)
+                c.num_attention_heads * c.attention_head_dim, c.num_layers, c.num_attention_heads,
+                self.history_window)
 
     @property
     def clip_shape(self) -> tuple[int, int, int, int]:
@@ -635,6 +646,7 @@ class WanWorldModel(nn.Module):
         if cache.keys:
             keys = [torch.cat(pair, dim=2) for pair in zip(cache.keys, keys, strict=True)]
             values = [torch.cat(pair, dim=2) for pair in zip(cache.values, values, strict=True)]
+        keys, values = trim_history(keys, values, self.history_window, self.tokens_per_frame)
         return ContextCache(keys=keys, values=values, num_frames=cache.num_frames + f,
                             signature=self.signature, last_frame=frames[:, -1])
 
@@ -644,12 +656,13 @@ class WanWorldModel(nn.Module):
         actions = self._check_history(frames, actions).clone()
         actions[:, 0] = PROMPT_ACTION
         f = frames.shape[1]
-        attend = masked_attend(history_mask(f, self.clip_frames, frames.device),
-                               self.tokens_per_frame)
+        attend = masked_attend(history_mask(f, self.clip_frames, frames.device,
+                                            self.history_window), self.tokens_per_frame)
         _, _, keys, values = self._trunk(frames, self._history_sigma(sigma, f, frames.device),
                                          actions, torch.arange(f, device=frames.device),
                                          lambda _: attend,
                                          reference=self._sequence_reference(frames))
+        keys, values = trim_history(keys, values, self.history_window, self.tokens_per_frame)
         return ContextCache(keys=keys, values=values, num_frames=f, signature=self.signature,
                             last_frame=frames[:, -1])
 
@@ -705,7 +718,7 @@ class WanWorldModel(nn.Module):
         all_actions = torch.cat([prompt, actions, actions], dim=1)
         all_sigma = torch.cat([self._history_sigma(context_sigma, total, device).expand(b, -1),
                                sigma.to(self._compute_dtype).repeat_interleave(f, dim=1)], dim=1)
-        positions, frame_mask = teacher_forced_layout(total, f, device)
+        positions, frame_mask = teacher_forced_layout(total, f, device, self.history_window)
         attend = masked_attend(frame_mask, self.tokens_per_frame)
         reference = self._sequence_reference(frames)
         if reference is not None:

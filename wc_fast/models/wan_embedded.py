@@ -51,5 +51,6 @@ def embedded_wan_model(cfg: ModelConfig, *, seed: int = 0) -> WanWorldModel:
                           context_sigma=cfg.context_sigma, seed=seed,
                           activation_checkpointing=cfg.activation_checkpointing,
                           autocast_dtype=DTYPES[cfg.dtype], pixels=True, cfg=cfg,
-                          reference_frame=cfg.reference_frame)
+                          reference_frame=cfg.reference_frame,
+                          history_window=cfg.history_window)
     return model
