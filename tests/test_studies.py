@@ -568,3 +568,38 @@ def test_targets_read_the_committed_h200_results(capsys):
         read.add(target.name.split()[0])
     assert read == {"nft_loss+grad", "flow_noise", "grpo_sde_loss+grad", "prefix_attention",
                     "model"}
+
+
+def test_offset_response_reads_keys_and_correlations():
+    study = _load("offset_response")
+    # forward + right (translation label 5), yaw right (rotation label 1)
+    assert study.pressed_movement_keys(torch.tensor(5 * 9 + 1)).tolist() == [1, 0, 1, 0, 1, 0,
+                                                                              0, 0]
+    gen = torch.Generator().manual_seed(0)
+    groups = []
+    pressed = [1.0, 0, 0, 0, 0, 1.0, 0, 0]  # W and yaw left
+    for _ in range(6):
+        offsets = torch.randn(4 + len(study.BOOSTS), 8, generator=gen)
+        # IF rises with the offset on the pressed translation key; the camera moves forward
+        # with W minus S
+        reward = offsets[:, 0].tolist()
+        motion = torch.zeros(offsets.shape[0], 4)
+        motion[:, 1] = offsets[:, 0] - offsets[:, 1]
+        groups.append({"pressed": pressed, "offsets": offsets.tolist(), "if": reward,
+                       "motion": motion.tolist()})
+    summary = study.summarize({"groups": groups, "group_size": 4, "sigma": 1.0})
+    corr = summary["advantage_correlation"]
+    assert corr["pressed translation key"] > 0.6 and summary["candidates"] == 24
+    assert abs(corr["other keys"]) < 0.6
+    matrix = summary["offset_motion_correlation"]
+    assert matrix[1][1] == pytest.approx(1.0) and abs(matrix[0][1]) < 0.6
+    assert list(summary["if_by_push"]) == [str(a) for a in study.BOOSTS]
+
+
+def test_offset_response_runs_on_the_shipped_base(capsys, tmp_path):
+    study = _load("offset_response")
+    assert study.main(["--groups", "2", "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "pressed translation key" in out and "pitch" in out
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["candidates"] <= 16 and len(saved["offset_motion_correlation"]) == 4

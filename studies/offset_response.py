@@ -1,0 +1,170 @@
+"""Whether a world model's exploration offsets point anywhere the IF reward rewards.
+
+    python -m studies.offset_response [--base tiny|wan] [--checkpoint PATH] [--groups 24]
+                                      [--sigma 0.25] [--json PATH]
+
+The default recipe explores by adding a random offset to each candidate's movement-key
+intensities (``rollout.action_exploration``) and lets the update distil the candidates that
+followed the command. That can only work if (a) the model's camera moves with the offset and
+(b) some offset direction raises the reward consistently across prompts. For ``--groups``
+held-out two-key prompts, ``G = 8`` candidates of clip 1 each get a random offset of standard
+deviation ``--sigma``, and five more get a fixed push ``a`` on the two pressed keys
+(``a`` in ``BOOSTS``). Printed, from the reward estimator's reading of the frames:
+
+- the mean IF under each push (does pressing the command's keys harder or softer help?);
+- the correlation, over candidates, of the within-group standardised IF with the offset on the
+  pressed translation key, the pressed rotation key, the keys opposite the pressed ones and the
+  rest (b);
+- the correlation of the offset along each axis (right, forward, yaw, pitch: key minus its
+  opposite) with the motion the estimator reads along each axis, both centred per group (a).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from wc_fast.actions import label_to_bits, split_action
+from wc_fast.config import BASES, preset
+from wc_fast.models.clips import MOVEMENT_KEYS
+from wc_fast.models.pretrained import load_checkpoint_model
+from wc_fast.rewards import interaction_score, load_estimator
+from wc_fast.rewards.motion_spread import camera_motion
+from wc_fast.rewards.scoring import camera_poses
+from wc_fast.rollout import generate_history
+from wc_fast.runtime import generator
+from wc_fast.sampler import ClipSampler
+from wc_fast.world import sample_sequences
+
+SEED = 920_000  # held out: no training or evaluation stream starts here
+BOOSTS = (-0.25, 0.0, 0.25, 0.5, 0.75)
+# each movement key's opposite (W-S, D-A, yaw right-left, pitch up-down)
+OPPOSITE = (1, 0, 3, 2, 5, 4, 7, 6)
+# the axes of camera_motion (x, z translation, yaw, pitch) and the keys that drive each
+AXES = ("right", "forward", "yaw", "pitch")
+AXIS_KEYS = ((2, 3), (0, 1), (4, 5), (6, 7))
+OFFSET_GROUPS = ("pressed translation key", "pressed rotation key", "opposite keys",
+                 "other keys")
+
+
+def pressed_movement_keys(action: Tensor) -> Tensor:
+    """Movement keys ``[8]`` (W, S, D, A, yaw right, yaw left, pitch up, pitch down) of one
+    action id, 1.0 where pressed."""
+    trans, rot = split_action(action)
+    return torch.cat([label_to_bits(trans), label_to_bits(rot)], dim=-1).float()
+
+
+@torch.no_grad()
+def measure(checkpoint: str | None, *, base: str = "tiny", groups: int, sigma: float,
+            group_size: int = 8) -> dict:
+    """Per group: the pressed keys, every candidate's offset ``[G + 5, 8]``, IF and mean
+    per-frame motion ``[G + 5, 4]`` (the random offsets first, then the pushes)."""
+    cfg = preset("cpu")
+    model = load_checkpoint_model(checkpoint, torch.device("cpu"), base=base)
+    sampler = ClipSampler(model, steps=cfg.rollout.steps, shift=cfg.rollout.shift,
+                          capture="eager")
+    estimator = load_estimator("reward")
+    data = sample_sequences(groups, num_clips=1, seed=SEED, composite_fraction=1.0,
+                            composite_keys=(2,))
+    f = model.clip_frames
+    out = []
+    for g in range(groups):
+        gen = generator(SEED, g, "offset_response")
+        prompt, actions = data.frames[g:g + 1, :1], data.actions[g]
+        _, _, cache = generate_history(model, sampler, prompt, actions, 0, gen)
+        clip_actions = actions[:f]
+        pressed = pressed_movement_keys(clip_actions[0])
+        offsets = torch.cat([sigma * torch.randn(group_size, MOVEMENT_KEYS, generator=gen),
+                             torch.stack([a * pressed for a in BOOSTS])])
+        clips = sampler.sample(cache, clip_actions, num=offsets.shape[0], generator=gen,
+                               offsets={"action_offset": offsets}).clips
+        frames = torch.cat([prompt.expand(offsets.shape[0], -1, -1, -1, -1),
+                            model.bound_frames(clips)], dim=1)
+        c2w = camera_poses(estimator, frames)
+        trans, rot = split_action(clip_actions)
+        score = interaction_score(c2w.double(), trans, rot,
+                                  trans_thresholds=cfg.reward.trans_thresholds,
+                                  rot_threshold_deg=cfg.reward.rot_threshold_deg)
+        out.append({"pressed": pressed.tolist(), "offsets": offsets.tolist(),
+                    "if": score.tolist(), "motion": camera_motion(c2w).mean(-2).tolist()})
+    return {"groups": out, "group_size": group_size, "sigma": sigma}
+
+
+def _corr(a: Tensor, b: Tensor) -> float:
+    return float(torch.corrcoef(torch.stack([a, b]))[0, 1])
+
+
+def summarize(result: dict) -> dict:
+    """Mean IF per push, the advantage's correlation with each offset group, and the
+    offset-axis by motion-axis correlation matrix (see the module docstring)."""
+    g = result["group_size"]
+    groups = result["groups"]
+    boosts = torch.tensor([r["if"][g:] for r in groups]).mean(0)
+    features, advantages, axis_offsets, motions = [], [], [], []
+    for r in groups:
+        pressed, offsets = torch.tensor(r["pressed"]), torch.tensor(r["offsets"][:g])
+        reward, motion = torch.tensor(r["if"][:g]), torch.tensor(r["motion"][:g])
+        opposite = pressed[list(OPPOSITE)]
+        other = 1 - pressed - opposite
+        translation, rotation = pressed.clone(), pressed.clone()
+        translation[4:], rotation[:4] = 0, 0
+        if reward.std() > 0:
+            features.append(torch.stack([(offsets * translation).sum(1),
+                                         (offsets * rotation).sum(1),
+                                         (offsets * opposite).sum(1),
+                                         (offsets * other).sum(1)], dim=1))
+            advantages.append((reward - reward.mean()) / reward.std())
+        along = torch.stack([offsets[:, i] - offsets[:, j] for i, j in AXIS_KEYS], dim=1)
+        axis_offsets.append(along - along.mean(0))
+        motions.append(motion - motion.mean(0))
+    x, adv = torch.cat(features), torch.cat(advantages)
+    offs, mot = torch.cat(axis_offsets), torch.cat(motions).float()
+    return {"if_by_push": dict(zip(map(str, BOOSTS), boosts.tolist(), strict=True)),
+            "advantage_correlation": {name: _corr(x[:, i], adv)
+                                      for i, name in enumerate(OFFSET_GROUPS)},
+            "candidates": int(adv.numel()),
+            "offset_motion_correlation": [[_corr(offs[:, i], mot[:, j]) for j in range(4)]
+                                          for i in range(4)]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base", choices=BASES, default="tiny")
+    parser.add_argument("--checkpoint", default=None,
+                        help="world model weights or checkpoint (default: the shipped base)")
+    parser.add_argument("--groups", type=int, default=24)
+    parser.add_argument("--sigma", type=float, default=0.25,
+                        help="std of each candidate's random movement-key offsets")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if args.groups < 1 or args.sigma <= 0:
+        parser.error("--groups must be >= 1 and --sigma > 0")
+    torch.set_num_threads(2)
+    result = measure(args.checkpoint, base=args.base, groups=args.groups, sigma=args.sigma)
+    summary = summarize(result)
+    pushes = "  ".join(f"{a}: {v:.3f}" for a, v in summary["if_by_push"].items())
+    print(f"two-key IF by push on the pressed keys  {pushes}")
+    print(f"correlation of the standardised IF with the offset on "
+          f"({summary['candidates']} candidates):")
+    for name, value in summary["advantage_correlation"].items():
+        print(f"  {name:24s} {value:+.3f}")
+    print("correlation of the offset along (row) with the motion along (column):")
+    print("         " + "".join(f"{a:>9s}" for a in AXES))
+    for axis, row in zip(AXES, summary["offset_motion_correlation"], strict=True):
+        print(f"  {axis:7s}" + "".join(f"{v:+9.2f}" for v in row))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({**summary, "groups": args.groups,
+                                               "sigma": args.sigma,
+                                               "base": args.checkpoint or args.base},
+                                              indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
