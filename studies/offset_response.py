@@ -16,7 +16,14 @@ deviation ``--sigma``, and five more get a fixed push ``a`` on the two pressed k
   pressed translation key, the pressed rotation key, the keys opposite the pressed ones and the
   rest (b);
 - the correlation of the offset along each axis (right, forward, yaw, pitch: key minus its
-  opposite) with the motion the estimator reads along each axis, both centred per group (a).
+  opposite) with the motion the estimator reads along each axis, both centred per group (a);
+- the action accuracy under fixed, structured offsets (``PUSHES``: the rotation key harder,
+  the translation key softer, the strafe key that cancels the yaw's sideways image shift),
+  ``PUSH_CANDIDATES`` each, by combination kind (two translation keys, two rotation keys, one
+  of each): does any simple change of the command help where the random offsets cannot tell?
+- the headroom in the sampler's noise alone: over ``group_size`` candidates without offsets,
+  their mean accuracy against that of the candidate with the highest IF (what a perfect
+  best-of-G distillation would reach).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from wc_fast.config import BASES, preset
 from wc_fast.models.clips import MOVEMENT_KEYS
 from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import interaction_score, load_estimator
+from wc_fast.rewards.interaction import action_accuracy
 from wc_fast.rewards.motion_spread import camera_motion
 from wc_fast.rewards.scoring import camera_poses
 from wc_fast.rollout import generate_history
@@ -50,6 +58,33 @@ AXES = ("right", "forward", "yaw", "pitch")
 AXIS_KEYS = ((2, 3), (0, 1), (4, 5), (6, 7))
 OFFSET_GROUPS = ("pressed translation key", "pressed rotation key", "opposite keys",
                  "other keys")
+# the strafe key whose image shift matches each yaw key's: yaw right -> A, yaw left -> D
+COUNTER_STRAFE = {4: 3, 5: 2}
+PUSH_CANDIDATES = 4
+KINDS = ("two translation keys", "two rotation keys", "translation and rotation key")
+
+
+def combination_kind(action: Tensor) -> str:
+    """Which :data:`KINDS` a two-key action id is."""
+    trans, rot = split_action(action)
+    if int(rot) == 0:
+        return KINDS[0]
+    return KINDS[1] if int(trans) == 0 else KINDS[2]
+
+
+def pushes(pressed: Tensor) -> dict[str, Tensor]:
+    """Named structured offsets ``[8]`` for the pressed movement keys ``[8]``; the counter-strafe
+    ones only where a yaw key is pressed."""
+    translation, rotation = pressed.clone(), pressed.clone()
+    translation[4:], rotation[:4] = 0, 0
+    out = {"rotation key +0.5": 0.5 * rotation,
+           "rotation key +1": rotation, "translation key -0.5": -0.5 * translation}
+    counter = torch.zeros(8)
+    for yaw, strafe in COUNTER_STRAFE.items():
+        counter[strafe] = pressed[yaw]
+    if counter.any():
+        out |= {"counter-strafe +0.5": 0.5 * counter, "counter-strafe +1": counter}
+    return out
 
 
 def pressed_movement_keys(action: Tensor) -> Tensor:
@@ -63,12 +98,16 @@ def pressed_movement_keys(action: Tensor) -> Tensor:
 def measure(checkpoint: str | None, *, base: str = "tiny", groups: int, sigma: float,
             group_size: int = 8) -> dict:
     """Per group: the pressed keys, every candidate's offset ``[G + 5, 8]``, IF and mean
-    per-frame motion ``[G + 5, 4]`` (the random offsets first, then the pushes)."""
+    per-frame motion ``[G + 5, 4]`` (the random offsets first, then the pushes); the
+    combination kind, the mean accuracy under each structured push, and the IF and accuracy
+    of ``G`` candidates without offsets."""
     cfg = preset("cpu")
     model = load_checkpoint_model(checkpoint, torch.device("cpu"), base=base)
     sampler = ClipSampler(model, steps=cfg.rollout.steps, shift=cfg.rollout.shift,
                           capture="eager")
     estimator = load_estimator("reward")
+    thresholds = {"trans_thresholds": cfg.reward.trans_thresholds,
+                  "rot_threshold_deg": cfg.reward.rot_threshold_deg}
     data = sample_sequences(groups, num_clips=1, seed=SEED, composite_fraction=1.0,
                             composite_keys=(2,))
     f = model.clip_frames
@@ -87,11 +126,26 @@ def measure(checkpoint: str | None, *, base: str = "tiny", groups: int, sigma: f
                             model.bound_frames(clips)], dim=1)
         c2w = camera_poses(estimator, frames)
         trans, rot = split_action(clip_actions)
-        score = interaction_score(c2w.double(), trans, rot,
-                                  trans_thresholds=cfg.reward.trans_thresholds,
-                                  rot_threshold_deg=cfg.reward.rot_threshold_deg)
+        score = interaction_score(c2w.double(), trans, rot, **thresholds)
+        # a second draw, after the first so that its candidates keep their noise: the
+        # structured pushes, then group_size candidates without any offset
+        named = pushes(pressed)
+        fixed = torch.cat([*(v.expand(PUSH_CANDIDATES, -1) for v in named.values()),
+                           torch.zeros(group_size, MOVEMENT_KEYS)])
+        clips = sampler.sample(cache, clip_actions, num=fixed.shape[0], generator=gen,
+                               offsets={"action_offset": fixed}).clips
+        frames = torch.cat([prompt.expand(fixed.shape[0], -1, -1, -1, -1),
+                            model.bound_frames(clips)], dim=1)
+        fixed_c2w = camera_poses(estimator, frames).double()
+        accuracy = action_accuracy(fixed_c2w, trans, rot, **thresholds)
+        noise_if = interaction_score(fixed_c2w[-group_size:], trans, rot, **thresholds)
+        pushed = accuracy[:-group_size].reshape(len(named), PUSH_CANDIDATES).mean(1)
         out.append({"pressed": pressed.tolist(), "offsets": offsets.tolist(),
-                    "if": score.tolist(), "motion": camera_motion(c2w).mean(-2).tolist()})
+                    "if": score.tolist(), "motion": camera_motion(c2w).mean(-2).tolist(),
+                    "kind": combination_kind(clip_actions[0]),
+                    "push_accuracy": dict(zip(named, pushed.tolist(), strict=True)),
+                    "noise_if": noise_if.tolist(),
+                    "noise_accuracy": accuracy[-group_size:].tolist()})
     return {"groups": out, "group_size": group_size, "sigma": sigma}
 
 
@@ -124,12 +178,32 @@ def summarize(result: dict) -> dict:
         motions.append(motion - motion.mean(0))
     x, adv = torch.cat(features), torch.cat(advantages)
     offs, mot = torch.cat(axis_offsets), torch.cat(motions).float()
-    return {"if_by_push": dict(zip(map(str, BOOSTS), boosts.tolist(), strict=True)),
+    return {**_push_and_noise(groups),
+            "if_by_push": dict(zip(map(str, BOOSTS), boosts.tolist(), strict=True)),
             "advantage_correlation": {name: _corr(x[:, i], adv)
                                       for i, name in enumerate(OFFSET_GROUPS)},
             "candidates": int(adv.numel()),
             "offset_motion_correlation": [[_corr(offs[:, i], mot[:, j]) for j in range(4)]
                                           for i in range(4)]}
+
+
+def _push_and_noise(groups: list[dict]) -> dict:
+    """Mean accuracy under each structured push by combination kind (with the number of
+    prompts behind it; ``none``: the offset-free candidates), and the noise headroom: the
+    offset-free candidates' mean accuracy against that of the one with the highest IF in
+    each group."""
+    by_kind: dict[str, dict[str, list[float]]] = {}
+    for r in groups:
+        none = sum(r["noise_accuracy"]) / len(r["noise_accuracy"])
+        for name, value in {"none": none, **r["push_accuracy"]}.items():
+            by_kind.setdefault(r["kind"], {}).setdefault(name, []).append(value)
+    accuracy = torch.tensor([r["noise_accuracy"] for r in groups])
+    best = torch.tensor([r["noise_if"] for r in groups]).argmax(1, keepdim=True)
+    return {"accuracy_by_push": {kind: {name: {"accuracy": sum(v) / len(v), "prompts": len(v)}
+                                        for name, v in pushed.items()}
+                                 for kind, pushed in by_kind.items()},
+            "noise_headroom": {"mean_accuracy": float(accuracy.mean()),
+                               "best_if_accuracy": float(accuracy.gather(1, best).mean())}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,6 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     print("         " + "".join(f"{a:>9s}" for a in AXES))
     for axis, row in zip(AXES, summary["offset_motion_correlation"], strict=True):
         print(f"  {axis:7s}" + "".join(f"{v:+9.2f}" for v in row))
+    print(f"action accuracy under fixed pushes ({PUSH_CANDIDATES} candidates per prompt):")
+    for kind, pushed in summary["accuracy_by_push"].items():
+        cells = "  ".join(f"{name} {v['accuracy']:.3f}" for name, v in pushed.items())
+        print(f"  {kind} ({next(iter(pushed.values()))['prompts']} prompts): {cells}")
+    room = summary["noise_headroom"]
+    print(f"noise alone, {result['group_size']} candidates: mean accuracy "
+          f"{room['mean_accuracy']:.3f}, the highest-IF candidate's {room['best_if_accuracy']:.3f}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({**summary, "groups": args.groups,

@@ -585,9 +585,16 @@ def test_offset_response_reads_keys_and_correlations():
         reward = offsets[:, 0].tolist()
         motion = torch.zeros(offsets.shape[0], 4)
         motion[:, 1] = offsets[:, 0] - offsets[:, 1]
+        # the highest-IF offset-free candidate is the second, which followed 3 frames in 4
         groups.append({"pressed": pressed, "offsets": offsets.tolist(), "if": reward,
-                       "motion": motion.tolist()})
+                       "motion": motion.tolist(), "kind": study.KINDS[2],
+                       "push_accuracy": {"rotation key +1": 0.5},
+                       "noise_if": [0.1, 0.9, 0.3, 0.2], "noise_accuracy": [0.0, 0.75, 0.25, 0.0]})
     summary = study.summarize({"groups": groups, "group_size": 4, "sigma": 1.0})
+    assert summary["noise_headroom"] == {"mean_accuracy": 0.25, "best_if_accuracy": 0.75}
+    assert summary["accuracy_by_push"] == {study.KINDS[2]: {
+        "none": {"accuracy": 0.25, "prompts": 6}, "rotation key +1": {"accuracy": 0.5,
+                                                                      "prompts": 6}}}
     corr = summary["advantage_correlation"]
     assert corr["pressed translation key"] > 0.6 and summary["candidates"] == 24
     assert abs(corr["other keys"]) < 0.6
@@ -596,10 +603,25 @@ def test_offset_response_reads_keys_and_correlations():
     assert list(summary["if_by_push"]) == [str(a) for a in study.BOOSTS]
 
 
+def test_offset_response_pushes_name_the_keys_they_move():
+    study = _load("offset_response")
+    # W and yaw right: the counter-strafe is A (index 3)
+    pushed = study.pushes(torch.tensor([1.0, 0, 0, 0, 1.0, 0, 0, 0]))
+    assert pushed["rotation key +1"].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
+    assert pushed["translation key -0.5"].tolist() == [-0.5, 0, 0, 0, 0, 0, 0, 0]
+    assert pushed["counter-strafe +1"].tolist() == [0, 0, 0, 1, 0, 0, 0, 0]
+    # W and D press no yaw key: no counter-strafe
+    assert not any(name.startswith("counter") for name in
+                   study.pushes(torch.tensor([1.0, 0, 1.0, 0, 0, 0, 0, 0])))
+    assert study.combination_kind(torch.tensor(5 * 9)) == study.KINDS[0]
+    assert study.combination_kind(torch.tensor(5)) == study.KINDS[1]
+    assert study.combination_kind(torch.tensor(9 + 2)) == study.KINDS[2]
+
+
 def test_offset_response_runs_on_the_shipped_base(capsys, tmp_path):
     study = _load("offset_response")
     assert study.main(["--groups", "2", "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
-    assert "pressed translation key" in out and "pitch" in out
+    assert "pressed translation key" in out and "pitch" in out and "noise alone" in out
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["candidates"] <= 16 and len(saved["offset_motion_correlation"]) == 4
