@@ -21,6 +21,8 @@ deviation ``--sigma``, and five more get a fixed push ``a`` on the two pressed k
   the translation key softer, the strafe key that cancels the yaw's sideways image shift),
   ``PUSH_CANDIDATES`` each, by combination kind (two translation keys, two rotation keys, one
   of each): does any simple change of the command help where the random offsets cannot tell?
+- how the offset-free candidates' frames are read, by combination kind: translation label
+  right, rotation label right, and a commanded yaw read as a sideways step instead;
 - the headroom in the sampler's noise alone: over ``group_size`` candidates without offsets,
   their mean accuracy against that of the candidate with the highest IF (what a perfect
   best-of-G distillation would reach).
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -41,7 +44,7 @@ from wc_fast.config import BASES, preset
 from wc_fast.models.clips import MOVEMENT_KEYS
 from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import interaction_score, load_estimator
-from wc_fast.rewards.interaction import action_accuracy
+from wc_fast.rewards.interaction import action_accuracy, poses_to_labels
 from wc_fast.rewards.motion_spread import camera_motion
 from wc_fast.rewards.scoring import camera_poses
 from wc_fast.rollout import generate_history
@@ -85,6 +88,28 @@ def pushes(pressed: Tensor) -> dict[str, Tensor]:
     if counter.any():
         out |= {"counter-strafe +0.5": 0.5 * counter, "counter-strafe +1": counter}
     return out
+
+
+def read_halves(c2w: Tensor, clip_actions: Tensor, thresholds: dict) -> dict[str, float]:
+    """Of the frames of candidates ``c2w`` ``[n, F+1, 4, 4]`` commanded ``clip_actions``
+    ``[F]``: the fraction whose translation label is right at some threshold, whose rotation
+    label is right, and whose commanded yaw is read as a sideways step instead (no yaw bit, a
+    sideways bit the command did not press: the failure a sideways step and a turn share)."""
+    trans_gt, rot_gt = split_action(clip_actions)
+    reads = [poses_to_labels(c2w, trans_threshold=t,
+                             rot_threshold_deg=thresholds["rot_threshold_deg"])
+             for t in thresholds["trans_thresholds"]]
+    trans_right = torch.stack([trans == trans_gt for trans, _ in reads]).any(0)
+    rot = reads[0][1]
+    want_t, want_r = label_to_bits(trans_gt), label_to_bits(rot_gt)
+    read_t, read_r = label_to_bits(reads[0][0]), label_to_bits(rot)
+    yaw_wanted = want_r[..., :2].any(-1).expand(read_r.shape[:-1])
+    yaw_as_step = yaw_wanted & ~(read_r[..., :2] & want_r[..., :2]).any(-1) & (
+        read_t[..., 2:] & ~want_t[..., 2:]).any(-1)
+    return {"translation_right": float(trans_right.float().mean()),
+            "rotation_right": float((rot == rot_gt).float().mean()),
+            "yaw_as_step": float(yaw_as_step.float().sum() / yaw_wanted.float().sum().clamp_min(1))
+            if bool(yaw_wanted.any()) else float("nan")}
 
 
 def pressed_movement_keys(action: Tensor) -> Tensor:
@@ -145,7 +170,9 @@ def measure(checkpoint: str | None, *, base: str = "tiny", groups: int, sigma: f
                     "kind": combination_kind(clip_actions[0]),
                     "push_accuracy": dict(zip(named, pushed.tolist(), strict=True)),
                     "noise_if": noise_if.tolist(),
-                    "noise_accuracy": accuracy[-group_size:].tolist()})
+                    "noise_accuracy": accuracy[-group_size:].tolist(),
+                    "noise_read": read_halves(fixed_c2w[-group_size:], clip_actions,
+                                              thresholds)})
     return {"groups": out, "group_size": group_size, "sigma": sigma}
 
 
@@ -199,7 +226,14 @@ def _push_and_noise(groups: list[dict]) -> dict:
             by_kind.setdefault(r["kind"], {}).setdefault(name, []).append(value)
     accuracy = torch.tensor([r["noise_accuracy"] for r in groups])
     best = torch.tensor([r["noise_if"] for r in groups]).argmax(1, keepdim=True)
-    return {"accuracy_by_push": {kind: {name: {"accuracy": sum(v) / len(v), "prompts": len(v)}
+    reads: dict[str, dict[str, list[float]]] = {}
+    for r in groups:
+        for name, value in r["noise_read"].items():
+            if not math.isnan(value):  # yaw_as_step where no yaw was commanded
+                reads.setdefault(r["kind"], {}).setdefault(name, []).append(value)
+    return {"read_by_kind": {kind: {name: sum(v) / len(v) for name, v in read.items()}
+                             for kind, read in reads.items()},
+            "accuracy_by_push": {kind: {name: {"accuracy": sum(v) / len(v), "prompts": len(v)}
                                         for name, v in pushed.items()}
                                  for kind, pushed in by_kind.items()},
             "noise_headroom": {"mean_accuracy": float(accuracy.mean()),
@@ -235,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     for kind, pushed in summary["accuracy_by_push"].items():
         cells = "  ".join(f"{name} {v['accuracy']:.3f}" for name, v in pushed.items())
         print(f"  {kind} ({next(iter(pushed.values()))['prompts']} prompts): {cells}")
+    print("offset-free candidates' frames: translation right, rotation right, commanded yaw "
+          "read as a sideways step")
+    for kind, read in summary["read_by_kind"].items():
+        print(f"  {kind}: " + "  ".join(f"{v:.3f}" for v in read.values()))
     room = summary["noise_headroom"]
     print(f"noise alone, {result['group_size']} candidates: mean accuracy "
           f"{room['mean_accuracy']:.3f}, the highest-IF candidate's {room['best_if_accuracy']:.3f}")

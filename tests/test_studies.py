@@ -589,9 +589,13 @@ def test_offset_response_reads_keys_and_correlations():
         groups.append({"pressed": pressed, "offsets": offsets.tolist(), "if": reward,
                        "motion": motion.tolist(), "kind": study.KINDS[2],
                        "push_accuracy": {"rotation key +1": 0.5},
-                       "noise_if": [0.1, 0.9, 0.3, 0.2], "noise_accuracy": [0.0, 0.75, 0.25, 0.0]})
+                       "noise_if": [0.1, 0.9, 0.3, 0.2], "noise_accuracy": [0.0, 0.75, 0.25, 0.0],
+                       "noise_read": {"translation_right": 0.5, "rotation_right": 0.25,
+                                      "yaw_as_step": float("nan")}})
     summary = study.summarize({"groups": groups, "group_size": 4, "sigma": 1.0})
     assert summary["noise_headroom"] == {"mean_accuracy": 0.25, "best_if_accuracy": 0.75}
+    assert summary["read_by_kind"] == {study.KINDS[2]: {"translation_right": 0.5,
+                                                        "rotation_right": 0.25}}
     assert summary["accuracy_by_push"] == {study.KINDS[2]: {
         "none": {"accuracy": 0.25, "prompts": 6}, "rotation key +1": {"accuracy": 0.5,
                                                                       "prompts": 6}}}
@@ -613,6 +617,14 @@ def test_offset_response_pushes_name_the_keys_they_move():
     # W and D press no yaw key: no counter-strafe
     assert not any(name.startswith("counter") for name in
                    study.pushes(torch.tensor([1.0, 0, 1.0, 0, 0, 0, 0, 0])))
+    # W + yaw right read as W + D without a turn (poses: forward and right, no rotation)
+    c2w = torch.eye(4).repeat(1, 3, 1, 1)
+    c2w[0, 1:, 2, 3] = torch.tensor([0.1, 0.2])
+    c2w[0, 1:, 0, 3] = torch.tensor([0.1, 0.2])
+    c2w = c2w.expand(3, -1, -1, -1)  # three candidates: every fraction is over all frames
+    read = study.read_halves(c2w, torch.tensor([9 + 1, 9 + 1]),
+                             {"trans_thresholds": (0.05,), "rot_threshold_deg": 1.0})
+    assert read == {"translation_right": 0.0, "rotation_right": 0.0, "yaw_as_step": 1.0}
     assert study.combination_kind(torch.tensor(5 * 9)) == study.KINDS[0]
     assert study.combination_kind(torch.tensor(5)) == study.KINDS[1]
     assert study.combination_kind(torch.tensor(9 + 2)) == study.KINDS[2]
