@@ -255,18 +255,23 @@ def _same_precision_attention(q, k, v, prefix_k, prefix_v, tf32_operands=False):
     return matmul(weights, values)
 
 
-def _check_against_float64(ins, factor=2.0, tf32_operands=False):
-    """Output and each gradient: the kernels' largest error against the float64 reference is
-    at most ``factor`` times that of plain PyTorch at the same precision, plus a floor of 1e-5
-    of the float64 value's scale (an exact baseline cannot set a bound of 0). An empty key set
-    (``P = 0`` or ``L_k = 0``) has empty gradients: they must match in shape."""
+def _check_against_float64(ins, factor=2.0, tf32_operands=False, grad_seed=0):
+    """Output and each gradient: the kernels' root-mean-square error against the float64
+    reference is at most ``factor`` times that of plain PyTorch at the same precision, plus a
+    floor of 1e-5 of the float64 value's scale (an exact baseline cannot set a bound of 0). The
+    RMS, not the largest element, because the ratio of two maxima over a few hundred elements
+    swings past 2 with the upstream gradient alone (measured: up to 2.75 for ``dprefix_k`` at
+    ``P = 5``), while the RMS ratio stays under 1.8 for correct kernels and reaches 3-4 for the
+    TF32 truncation this test exists to catch. An empty key set (``P = 0`` or ``L_k = 0``) has
+    empty gradients: they must match in shape."""
     gold_ins = [t.detach().double().requires_grad_(True) for t in ins]
     base_ins = [t.detach().clone().requires_grad_(True) for t in ins]
     out = wc_kernels.prefix_attention(*ins, backend="triton")
     gold = reference.prefix_attention(*gold_ins)
     base = _same_precision_attention(*base_ins, tf32_operands=tf32_operands)
     assert out.dtype == ins[0].dtype and out.shape == gold.shape
-    grad_out = torch.randn_like(out)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed))
+    grad_out = grad_out.to(out)
     got = [out, *torch.autograd.grad(out, ins, grad_out)]
     want = [gold, *torch.autograd.grad(gold, gold_ins, grad_out.double())]
     yardstick = [base, *torch.autograd.grad(base, base_ins, grad_out)]
@@ -274,9 +279,13 @@ def _check_against_float64(ins, factor=2.0, tf32_operands=False):
         assert g.shape == w.shape and g.dtype == ins[0].dtype, name
         if not w.numel():
             continue
-        error = (g.double() - w).abs().max().item()
-        bound = factor * (y.double() - w).abs().max().item() + 1e-5 * w.abs().max().item()
-        assert error <= bound, f"{name}: error {error:.3g} > bound {bound:.3g}"
+        error = _rms(g.double() - w)
+        bound = factor * _rms(y.double() - w) + 1e-5 * _rms(w)
+        assert error <= bound, f"{name}: RMS error {error:.3g} > bound {bound:.3g}"
+
+
+def _rms(x: torch.Tensor) -> float:
+    return x.square().mean().sqrt().item()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
