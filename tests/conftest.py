@@ -158,3 +158,11 @@ def isa(request):
     NATIVE.set_isa(request.param)
     yield request.param
     NATIVE.set_isa(default)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_global_rng():
+    """Each test starts from one global RNG state, so what it draws without a generator of its
+    own is the same alone, in the full suite, in any order and under pytest-xdist: a tolerance
+    that holds here holds on CI."""
+    torch.manual_seed(0)
