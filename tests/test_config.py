@@ -287,7 +287,7 @@ def test_help_lists_every_field_with_its_type_default_and_help(capsys):
             assert f"--{name}.{field_name} " in text, f"{name}.{field_name}"
     assert "--rollout.steps INT sampler steps per clip (default: 40)" in text
     assert "--reward.std {group,global}" in text
-    assert "--reward.trans_thresholds FLOAT,... translations per frame" in text
+    assert "--reward.trans_thresholds FLOAT [FLOAT ...] translations per frame" in text
     assert "(default: 0.01,0.02,0.03,0.04,0.05)" in text
     assert "--pretrain." not in text
 
@@ -303,6 +303,19 @@ def test_a_pretraining_field_in_an_rl_run_names_where_it_belongs(capsys):
     with pytest.raises(SystemExit):
         parse_run_args("t", "d", ["--pretrain.steps", "5"])
     assert "'pretrain.steps' belongs to python -m wc_fast.pretrain" in capsys.readouterr().err
+
+
+def test_a_tuple_field_takes_space_or_comma_separated_values():
+    for values in (["1", "3"], ["1,3"]):
+        run = parse_run_args("t", "d", ["--preset", "smoke", "--reward.if_kind", "trajectory",
+                                        "--reward.trajectory_weights", *values])
+        assert run.config.reward.trajectory_weights == (1.0, 3.0)
+    run = parse_run_args("t", "d", ["--preset", "smoke", "--reward.trans_thresholds", "0.1,0.2",
+                                    "0.3"])
+    assert run.config.reward.trans_thresholds == (0.1, 0.2, 0.3)
+    run = parse_run_args("t", "d", ["--preset", "smoke", "--model.lora_targets", "to_q", "to_k",
+                                    "--model.depth", "1"])
+    assert run.config.model.lora_targets == ("to_q", "to_k") and run.config.model.depth == 1
 
 
 def test_pretraining_flags_set_the_pretraining_run():

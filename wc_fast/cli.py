@@ -69,7 +69,8 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
     if with_base:
         kind.apply_base(cfg, args.base)
     given = vars(args)
-    overrides = [(path, given[path]) for path in paths if path in given]
+    overrides = [(path, ",".join(given[path]) if isinstance(given[path], list) else given[path])
+                 for path in paths if path in given]
     overrides += _pairs(parser, rest)
     if args.out is not None:
         overrides.append((out_field, args.out))
@@ -91,7 +92,8 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
 def _add_config_fields(parser: argparse.ArgumentParser, config_type: type) -> list[str]:
     """An option ``--section.field`` per field of ``config_type``, one argument group per
     section, each with its type, default and ``help`` metadata; returns the fields' paths.
-    Values stay text: :func:`wc_fast.config.apply_override` parses them."""
+    Values stay text (a tuple field's several values joined by commas):
+    :func:`wc_fast.config.apply_override` parses them."""
     paths = []
     for section in dataclasses.fields(config_type):
         if section.name == "preset":
@@ -105,7 +107,10 @@ def _add_config_fields(parser: argparse.ArgumentParser, config_type: type) -> li
         for item in dataclasses.fields(section_type):
             path = f"{section.name}.{item.name}"
             text = item.metadata.get("help", "")
+            # a field of several values takes them space- or comma-separated (1 3 or 1,3)
+            several = typing.get_origin(hints[item.name]) is tuple
             group.add_argument(f"--{path}", dest=path, default=argparse.SUPPRESS,
+                               nargs="+" if several else None,
                                metavar=_metavar(hints[item.name]),
                                help=f"{text} (default: {_shown(item.default)})"
                                .replace("%", "%%"))
@@ -114,11 +119,12 @@ def _add_config_fields(parser: argparse.ArgumentParser, config_type: type) -> li
 
 
 def _metavar(kind: object) -> str:
-    """How ``--help`` shows a field's type: ``INT``, ``{a,b}`` for choices, ``FLOAT,...``."""
+    """How ``--help`` shows a field's type: ``INT``, ``{a,b}`` for choices, ``FLOAT`` for a
+    tuple of floats."""
     if typing.get_origin(kind) is typing.Literal:
         return "{" + ",".join(typing.get_args(kind)) + "}"
-    if typing.get_origin(kind) is tuple:
-        return f"{typing.get_args(kind)[0].__name__.upper()},..."
+    if typing.get_origin(kind) is tuple:  # shown by argparse as T [T ...]
+        return typing.get_args(kind)[0].__name__.upper()
     return getattr(kind, "__name__", str(kind)).upper()
 
 
