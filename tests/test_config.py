@@ -74,6 +74,7 @@ def test_slots_reject_unknown_attributes():
     ("nft.keep", "9", "nft.keep"),
     ("nft.timestep_fraction", "0", "nft.timestep_fraction"),
     ("nft.timestep_fraction", "1.5", "nft.timestep_fraction"),
+    ("nft.kl_beta", "-0.1", "nft.kl_beta"),
     ("reward.rot_threshold_deg", "-1", "reward.rot_threshold_deg"),
     ("reward.trans_thresholds", "0.1,-0.2", "reward.trans_thresholds"),
     ("reward.lam", "2", "reward.lam"),
@@ -125,7 +126,8 @@ def test_fsdp2_refuses_what_it_cannot_shard(path, value):
 @pytest.mark.parametrize("path,value", [("rollout.sde_noise", "0"),
                                         ("rollout.candidate_noise", "sde"),
                                         ("rollout.mode", "sample"),
-                                        ("rollout.steps", "1")])
+                                        ("rollout.steps", "1"),
+                                        ("nft.kl_beta", "0.1")])
 def test_flow_grpo_refuses_rollouts_it_cannot_train_on(path, value):
     cfg = C.preset("paper")
     C.apply_override(cfg, path, value)

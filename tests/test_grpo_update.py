@@ -47,12 +47,13 @@ def loss_calls(monkeypatch) -> list[dict]:
 
     def spy(model_output, sample, prev_sample, sigma, sigma_next, old_log_prob, advantage,
             **kw):
+        stats = kw.pop("return_stats", False)
         loss, log_prob, kl = real(model_output, sample, prev_sample, sigma, sigma_next,
                                   old_log_prob, advantage, return_stats=True, **kw)
         calls.append({"model_output": model_output, "sample": sample, "sigma": sigma,
                       "old_log_prob": old_log_prob, "advantage": advantage,
                       "log_prob": log_prob, "kl": kl, **kw})
-        return loss
+        return (loss, log_prob, kl) if stats else loss
 
     monkeypatch.setattr(grpo_module, "grpo_sde_loss", spy)
     return calls
@@ -219,9 +220,12 @@ def test_kl_to_the_frozen_initial_model_reaches_the_loss(monkeypatch, loss_calls
     trainer = _trainer(monkeypatch, grpo__kl_beta="0.04")
     init = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.iteration(0)
-    trainer.iteration(1)
+    first = len(loss_calls)
+    stats = trainer.iteration(1)
     assert all(c["kl_beta"] == 0.04 and c["ref_output"] is not None for c in loss_calls)
     assert float(loss_calls[-1]["kl"].max()) > 0  # the model moved away from the reference
+    kl = torch.cat([c["kl"] for c in loss_calls[first:]])
+    assert stats.kl == pytest.approx(float(kl.mean()), rel=1e-6)
     for name, value in trainer.ref.state_dict().items():
         torch.testing.assert_close(value, init[name], rtol=0, atol=0)
     assert any(not torch.equal(v, init[k]) for k, v in trainer.model.state_dict().items())
@@ -300,6 +304,7 @@ def test_smoke_run_writes_metrics_and_resumes_exactly(tmp_path):
     rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]
     assert all(math.isfinite(row["loss"]) and row["train_s"] > 0 for row in rows)
+    assert all(row["kl"] >= 0 for row in rows) and rows[-1]["kl"] > 0
     uninterrupted = _final_weights(tmp_path)
     saved = checkpoint.load(checkpoint.latest(tmp_path), models={}, restore_rng=False)
     assert saved.config["train"]["update"] == "flow_grpo"

@@ -77,8 +77,10 @@ def test_eval_at_end_writes_the_base_and_trained_evaluations(tmp_path):
     assert (tmp_path / "rollouts.png").stat().st_size > 0
 
 
-def test_resume_continues_exactly(tmp_path):
-    args = [*SMOKE, "--steps", "3", "--out", str(tmp_path), "--train.keep_last", "3"]
+@pytest.mark.parametrize("extra", [[], ["--nft.kl_beta", "0.5"]], ids=["plain", "kl"])
+def test_resume_continues_exactly(tmp_path, extra):
+    """Also with a KL, whose reference a resumed run rebuilds from the initial model."""
+    args = [*SMOKE, *extra, "--steps", "3", "--out", str(tmp_path), "--train.keep_last", "3"]
     assert main(args) == 0
     uninterrupted = _final_weights(tmp_path)
     damaged = checkpoint.latest(tmp_path) / "state.pt"  # one flipped bit
@@ -88,8 +90,11 @@ def test_resume_continues_exactly(tmp_path):
     with pytest.warns(UserWarning, match="skipping damaged checkpoint step_00000003"):
         assert main([*args, "--resume"]) == 0
     _assert_same(uninterrupted, _final_weights(tmp_path))
-    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert [int(r.split('"step": ')[1].split(",")[0]) for r in rows] == [1, 2, 3]
+    rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    # a KL run logs its mean KL per trained row: 0 on the first update, above 0 after it
+    kl = [row.get("kl") for row in rows]
+    assert kl == [None] * 3 if not extra else (kl[0] == 0.0 and min(kl[1:]) > 0)
 
 
 def _rank(rank: int, args: list[str]) -> None:

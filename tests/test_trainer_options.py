@@ -156,6 +156,104 @@ def test_old_prediction_source(monkeypatch, loss_calls, mode):
         assert len(old_calls) == len(loss_calls)
 
 
+@pytest.fixture
+def kl_calls(monkeypatch) -> list[torch.Tensor]:
+    """Every per-row KL the NFT update adds to its loss."""
+    calls = []
+    real = nft_module.velocity_kl
+
+    def spy(v_theta, v_ref):
+        out = real(v_theta, v_ref)
+        calls.append(out.detach())
+        return out
+
+    monkeypatch.setattr(nft_module, "velocity_kl", spy)
+    return calls
+
+
+def test_velocity_kl_is_the_rows_mean_squared_velocity_difference():
+    g = torch.Generator().manual_seed(0)
+    v_theta = torch.randn(3, 2, 3, 5, 7, generator=g).bfloat16().requires_grad_(True)
+    v_ref = torch.randn(3, 2, 3, 5, 7, generator=g).bfloat16()
+    kl = nft_module.velocity_kl(v_theta, v_ref)
+    want = ((v_theta.float() - v_ref.float()) ** 2).reshape(3, -1).mean(dim=1)
+    assert kl.dtype == torch.float32 and kl.shape == (3,)
+    torch.testing.assert_close(kl, want, rtol=0, atol=0)
+    kl.sum().backward()
+    grad = 2 * (v_theta.float() - v_ref.float()) / v_theta[0].numel()
+    torch.testing.assert_close(v_theta.grad.float(), grad, rtol=1e-2, atol=1e-3)
+
+
+def test_nft_keeps_no_reference_without_a_kl(monkeypatch, kl_calls):
+    trainer = _trainer(monkeypatch)
+    stats = trainer.iteration(0)
+    assert trainer.ref is None and "ref" not in trainer.velocities and not kl_calls
+    assert stats.kl is None
+
+
+def test_nft_kl_to_the_frozen_initial_model_reaches_the_loss(monkeypatch, loss_calls, kl_calls):
+    """With ``nft.kl_beta`` every micro-batch adds its rows' KL to the frozen initial model:
+    0 before the first step (the model is the initial one), above 0 after it; the reference
+    stays the initial model."""
+    trainer = _trainer(monkeypatch, nft__kl_beta="0.5")
+    init = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    ref_calls = _record(monkeypatch, trainer.velocities, "ref")
+    trainer.iteration(0)
+    first = len(kl_calls)
+    assert first == len(loss_calls) == len(ref_calls) > 0
+    assert all(float(kl.abs().max()) == 0.0 for kl in kl_calls)
+    stats = trainer.iteration(1)
+    assert len(kl_calls) == len(loss_calls) > first
+    assert float(kl_calls[-1].max()) > 0
+    # the iteration reports its rows' mean KL
+    assert stats.kl == pytest.approx(float(torch.cat(kl_calls[first:]).mean()), rel=1e-6)
+    for name, value in trainer.ref.state_dict().items():
+        torch.testing.assert_close(value, init[name], rtol=0, atol=0)
+
+
+def test_nft_kl_adds_its_weighted_rows_to_the_micro_loss(monkeypatch):
+    """A model moved off the reference: the micro-batch loss with the reference's cache is the
+    one without it plus ``kl_beta * scale *`` the rows' KL, gradient included."""
+    trainer = _trainer(monkeypatch, nft__kl_beta="0.25")
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+    (group,) = trainer.rollout(0, 1)
+    s_if, s_vq, _ = _ranked_scores(trainer, [group])
+    r, adv = trainer.advantages(s_if, s_vq)
+    chosen = trainer.rule.kept(trainer, 0, adv)[0]
+    item = trainer.rule.items(trainer, 0, 0, group, r[0], adv[0], chosen)
+    part = torch.arange(len(item.candidate))
+    with torch.no_grad():
+        cache = trainer.model.build_cache_parallel(group.history[:1], group.history_actions[:1],
+                                                   sigma=trainer.model.context_sigma)
+    frozen, _ = trainer.rule.frozen_caches(trainer, group, 0, group.caches[0])
+    assert set(frozen) == {"old", "ref"}
+    scale = 1.0 / len(part)
+
+    def loss_and_grad(caches):
+        trainer.model.zero_grad()
+        loss = trainer.rule.micro_loss(trainer, item, part, group.clip_actions, cache,
+                                       caches, scale).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in trainer.model.parameters()
+                               if p.grad is not None]
+
+    with_kl, grads_kl = loss_and_grad(frozen)
+    without, grads = loss_and_grad({"old": frozen["old"]})
+    trainer.model.zero_grad()
+    v_theta = trainer.model.velocity(item.x_t, item.sigma, group.clip_actions, cache)
+    with torch.no_grad():
+        v_ref = trainer.ref.velocity(item.x_t, item.sigma, group.clip_actions, frozen["ref"])
+    kl = 0.25 * scale * nft_module.velocity_kl(v_theta, v_ref).sum()
+    assert float(kl.detach()) > 0
+    torch.testing.assert_close(with_kl, without + kl.detach(), rtol=1e-5, atol=1e-7)
+    kl.backward()
+    kl_grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    for g_kl, g, g_term in zip(grads_kl, grads, kl_grads, strict=True):
+        torch.testing.assert_close(g_kl, g + g_term, rtol=1e-4, atol=1e-6)
+
+
 # -- rollouts -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["clip", "sample"])

@@ -13,7 +13,7 @@ from wc_fast.rewards.scorers import RewardModels
 from wc_fast.rollout import GroupRollout, rollout_clip_level
 from wc_fast.runtime import generator
 from wc_fast.trainer import Trainer
-from wc_fast.updates import GRPOUpdate, NFTUpdate, Update, build_update
+from wc_fast.updates import GRPOUpdate, MicroLoss, NFTUpdate, Update, build_update
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -122,7 +122,7 @@ class BestOfGroup(Update):
         v = trainer.velocities["model"](item.x_t[part], item.sigma[part], actions, cache)
         loss = (v - item.v_target[part]).square().mean() * (len(part) * scale)
         self.losses.append(loss.item())
-        return loss, 0.0
+        return MicroLoss(loss, 0.0)
 
     def ema_decay(self, step, schedule_steps):
         return self.DECAY

@@ -304,6 +304,10 @@ class NFTConfig:
     timestep_fraction: float = field(default=0.5, metadata={"help": (
         "each kept candidate is trained at ceil(timestep_fraction T) distinct sigmas of the "
         "T-step schedule, each with fresh noise")})
+    kl_beta: float = field(default=0.0, metadata={"help": (
+        "weight of the KL to the frozen initial model: the mean squared difference of the "
+        "two models' velocities at the update's noisy clips, added to the loss (0 = none; the "
+        "initial model is kept, frozen, only when kl_beta > 0)")})
     old_prediction: OldPrediction = field(default="old_model", metadata={"help": (
         "v_old of the loss: the old model's prediction (old_model, the paper) or the current "
         "model's, detached (detached_current, the official code: a plain weighted "
@@ -1030,6 +1034,8 @@ def _validate_grpo(cfg: Config) -> None:
              gr.window)
     if cfg.train.update != "flow_grpo":
         return
+    _require(cfg.nft.kl_beta == 0, "nft.kl_beta (with train.update flow_grpo)",
+             "0 (GRPO's KL weight is grpo.kl_beta)", cfg.nft.kl_beta)
     _require(ro.steps >= 2, "rollout.steps (with train.update flow_grpo)",
              "an integer >= 2 (the last step is deterministic, so one step has no noise)",
              ro.steps)
@@ -1189,6 +1195,7 @@ def validate(cfg: Config) -> None:
                  "0 (the reader redraws each group's scene from its prompt's seed)",
                  rw.decouple_every)
     _require(nf.beta > 0, "nft.beta", "> 0", nf.beta)
+    _require(nf.kl_beta >= 0, "nft.kl_beta", ">= 0 (0 = no reference model)", nf.kl_beta)
     _require(nf.keep >= 1 and 2 * nf.keep <= ro.group_size, "nft.keep",
              f"an integer >= 1 with 2*keep <= rollout.group_size={ro.group_size}", nf.keep)
     _require(0.0 < nf.timestep_fraction <= 1.0, "nft.timestep_fraction", "in (0, 1]",

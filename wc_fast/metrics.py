@@ -22,6 +22,7 @@ from wc_fast.checkpoint import write_atomic
 # listed here are tracked as ``misc/<key>``; metrics.jsonl keeps the flat keys.
 TAGS: dict[str, tuple[str, float]] = {
     "loss": ("loss_metrics/nft_loss", 1.0),
+    "kl": ("loss_metrics/kl", 1.0),
     "if_mean": ("reward/if_mean", 1.0),
     "vq_mean": ("reward/vq_mean", 1.0),
     "r_std": ("reward/r_std", 1.0),

@@ -115,6 +115,8 @@ def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
            "train_tflops": stats.train_flops / max(train_s, 1e-9) / 1e12,
            "mfu": stats.train_flops / max(train_s, 1e-9) / peak,
            **{f"motion_spread_{k}": v for k, v in stats.motion_spread.items()}}
+    if stats.kl is not None:
+        row["kl"] = stats.kl
     row.update(telemetry.read())
     return row
 
@@ -202,7 +204,8 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
                         VQ=f"{row['vq_mean']:.3f}", r_std=f"{row['r_std']:.2f}",
                         roll=f"{row['rollout_s']:.1f}s", rew=f"{row['reward_s']:.1f}s",
                         train=f"{row['train_s']:.1f}s", clips_s=f"{row['clips_per_s']:.1f}",
-                        spread=" ".join(f"{v:.1f}" for v in trainer_spread(row)))
+                        spread=" ".join(f"{v:.1f}" for v in trainer_spread(row)),
+                        **({"KL": f"{row['kl']:.2e}"} if "kl" in row else {}))
         if log is not None:
             log.append(row)
         faulted = trainer.bad_streak >= cfg.train.max_bad_updates

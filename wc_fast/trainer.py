@@ -93,6 +93,18 @@ class IterationStats:
     train_flops: float = 0.0
     motion_spread: dict[str, float] = field(default_factory=dict)
     decoupled: bool = False
+    kl: float | None = None  # the mean KL to the reference model per trained row (with one)
+
+
+@dataclass(slots=True)
+class UpdateStats:
+    """What :meth:`Trainer.update` measured over an iteration's updates."""
+
+    loss: float | None  # mean loss of the updates made; None when every one was skipped
+    skipped_groups: int  # groups whose advantages were all zero
+    flops: float
+    skipped_updates: int  # for a NaN or inf loss or gradient, or by the guarded step
+    kl: float | None  # mean KL to the reference model per trained row (None without one)
 
 
 def decoupled(rw: RewardConfig, step: int) -> bool:
@@ -337,11 +349,9 @@ class Trainer:
         return optimality(s_if, s_vq, lam=lam, Z=rw.Z, std=rw.std, process_group=group)
 
     def update(self, step: int, groups: list[GroupRollout], r: Tensor, adv: Tensor
-               ) -> tuple[float, int, float, int]:
+               ) -> UpdateStats:
         """``optim.updates_per_iteration`` updates of the current model by the rule on the
-        candidates it keeps; returns (mean loss of the updates made, ``None`` when every one
-        was skipped; skipped groups; FLOPs; updates skipped for a NaN or inf loss or gradient
-        or by :meth:`_guarded_step`)."""
+        candidates it keeps."""
         c = self.cfg
         kept = self.rule.kept(self, step, adv)
         flat = (adv == 0).all(dim=1)
@@ -349,7 +359,7 @@ class Trainer:
         # sees positives and negatives (in kept order the first saw only the best)
         order = torch.randperm(kept.shape[1], generator=generator(c.train.seed, step, "order"))
         chunks = order.tensor_split(c.optim.updates_per_iteration)
-        losses, flops, bad = [], 0.0, 0
+        losses, flops, bad, kl_sum, kl_rows = [], 0.0, 0, 0.0, 0.0
         for chunk in chunks:
             batches = [self.rule.items(self, step, gid, group, r[b], adv[b], kept[b, chunk])
                        for b, (gid, group) in enumerate(zip(self.group_ids(), groups,
@@ -361,9 +371,11 @@ class Trainer:
                 opt.zero_grad(set_to_none=True)
             loss_sum = 0.0
             for item in batches:
-                value, f = self._accumulate(item, total)
+                value, f, kl = self._accumulate(item, total)
                 loss_sum += value
                 flops += f
+                kl_sum += kl
+            kl_rows += total
             self._all_reduce_grads()
             if self._nonfinite(loss_sum):
                 bad += 1
@@ -378,7 +390,10 @@ class Trainer:
             self.bad_streak = 0
             losses.append(self._global_sum(loss_sum))
         loss = sum(losses) / len(losses) if losses else (None if bad else 0.0)
-        return loss, int(self._global_sum(float(flat.sum()))), flops, bad
+        kl = (self._global_sum(kl_sum) / kl_rows
+              if self.ref is not None and kl_rows > 0 else None)
+        return UpdateStats(loss=loss, skipped_groups=int(self._global_sum(float(flat.sum()))),
+                           flops=flops, skipped_updates=bad, kl=kl)
 
     def update_old_model(self, step: int) -> float:
         """Move the old (rollout) model toward the current one by EMA; returns the decay."""
@@ -451,30 +466,33 @@ class Trainer:
         # with gradient, the backward through the cache costs about twice its forward
         return cache, flops * (3 if mode == "recompute_grad" else 1)
 
-    def _accumulate(self, item: Items, total: float) -> tuple[float, float]:
+    def _accumulate(self, item: Items, total: float) -> tuple[float, float, float]:
         """Backward of the item's loss sum / ``total`` in micro-batches over shared caches;
-        returns that value (the item's share of the step's mean loss) and the FLOPs."""
+        returns that value (the item's share of the step's mean loss), the FLOPs and the sum
+        of its rows' KL to the reference model (0 without one)."""
         nf = self.cfg.nft
         group = item.group
         shared = len(group.caches) == 1
         rows = [0] * len(item.candidate) if shared else item.candidate
-        loss_sum, flops = 0.0, 0.0
+        loss_sum, flops, kl_sum = 0.0, 0.0, 0.0
         micro = nf.micro_batch or (len(rows) if self.device.type == "cuda" else CPU_MICRO_BATCH)
         for row in sorted(set(rows)):
             idx = torch.tensor([i for i, o in enumerate(rows) if o == row])
             old_cache = group.caches[row]
             cache, cache_flops = self._current_cache(group, row, old_cache)
-            frozen, frozen_flops = self.rule.frozen_cache(self, group, row, old_cache)
+            frozen, frozen_flops = self.rule.frozen_caches(self, group, row, old_cache)
             flops += cache_flops + frozen_flops
             parts = idx.split(micro)
             for j, part in enumerate(parts):
-                loss, f = self.rule.micro_loss(self, item, part, group.clip_actions, cache,
-                                               frozen, 1.0 / total)
+                loss, f, kl = self.rule.micro_loss(self, item, part, group.clip_actions,
+                                                   cache, frozen, 1.0 / total)
                 last = j == len(parts) - 1
                 loss.backward(retain_graph=nf.context_kv == "recompute_grad" and not last)
                 loss_sum += loss.item()
                 flops += f
-        return loss_sum, flops
+                if kl is not None:
+                    kl_sum += float(kl.sum())
+        return loss_sum, flops, kl_sum
 
     def _global_sum(self, value: float) -> float:
         if self.world_size == 1:
@@ -540,18 +558,19 @@ class Trainer:
         r, adv = self.advantages(s_if, s_vq, vq_only=vq_only)
         times["reward"] = self._sync_time(t0)
         t0 = time.perf_counter()
-        loss, skipped, flops, bad = self.update(step, groups, r, adv)
+        upd = self.update(step, groups, r, adv)
         decay = self.update_old_model(step)
         times["train"] = self._sync_time(t0)
         generated = sum(g.candidates.shape[0] + (clip_index - 1) * g.history.shape[0]
                         for g in groups)
         return IterationStats(step=step + 1, clip_index=clip_index,
                               if_mean=self._global_mean(s_if), vq_mean=self._global_mean(s_vq),
-                              r_std=float(r.float().std(dim=1).mean()), loss=loss,
-                              skipped_groups=skipped, ema_decay=decay,
-                              skipped_updates=bad, times=times,
+                              r_std=float(r.float().std(dim=1).mean()), loss=upd.loss,
+                              skipped_groups=upd.skipped_groups, ema_decay=decay,
+                              skipped_updates=upd.skipped_updates, times=times,
                               clips_per_s=generated / max(times["rollout"], 1e-9),
-                              train_flops=flops, motion_spread=spread, decoupled=vq_only)
+                              train_flops=upd.flops, motion_spread=spread,
+                              decoupled=vq_only, kl=upd.kl)
 
     def _global_mean(self, t: Tensor) -> float:
         return self._global_sum(float(t.float().sum())) / self._global_sum(float(t.numel()))

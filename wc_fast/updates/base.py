@@ -9,10 +9,12 @@ never asks which rule it holds.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+import torch
 from torch import Tensor
 
 from wc_fast.config import Config
@@ -25,6 +27,14 @@ if TYPE_CHECKING:
 
 # rows per micro-batch on a CPU when ``nft.micro_batch`` is 0 (a GPU takes all rows at once)
 CPU_MICRO_BATCH = 32
+
+
+class MicroLoss(NamedTuple):
+    """What :meth:`Update.micro_loss` returns for a micro-batch of ``n`` rows."""
+
+    loss: Tensor  # the scalar to back-propagate
+    flops: float  # spent on the forwards and backward
+    kl: Tensor | None = None  # [n] each row's KL to the reference model, detached (with a KL)
 
 
 class Items(Protocol):
@@ -45,11 +55,18 @@ class Update(ABC):
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
 
+    @property
+    def kl_beta(self) -> float:
+        """Weight of the loss's KL to the frozen initial model (0: none, no reference kept)."""
+        return 0.0
+
     def reference(self, model: WorldModel) -> WorldModel | None:
-        """A frozen model the loss compares against besides the old one (built from the
-        initial ``model`` before training; sharded and compiled with the others), or
-        ``None``."""
-        return None
+        """The KL's reference, a frozen copy of the initial ``model`` built before training
+        (sharded and compiled with the others; a resumed run rebuilds it from the init), or
+        ``None`` without a KL."""
+        if self.kl_beta <= 0:
+            return None
+        return copy.deepcopy(model).eval().requires_grad_(False)
 
     @abstractmethod
     def rollout_fn(self) -> Callable[..., GroupRollout]:
@@ -67,19 +84,27 @@ class Update(ABC):
         """What the ``chosen`` candidates ``[K']`` of global group ``gid`` are trained on;
         ``r`` optimality and ``adv`` advantage ``[G]``."""
 
-    def frozen_cache(self, trainer: Trainer, group: GroupRollout, row: int,
-                     old_cache: ContextCache) -> tuple[ContextCache | None, float]:
-        """The history cache of history ``row`` that :meth:`micro_loss` gets as ``frozen``
-        and the FLOPs spent building it; the old model's own ``old_cache`` by default."""
-        return old_cache, 0.0
+    def frozen_caches(self, trainer: Trainer, group: GroupRollout, row: int,
+                      old_cache: ContextCache) -> tuple[dict[str, ContextCache], float]:
+        """The frozen models' history caches of history ``row`` that :meth:`micro_loss` gets
+        as ``frozen``, by velocity role: the old model's own ``old_cache`` as ``"old"`` and,
+        with a reference model, its cache (built here) as ``"ref"``; and the FLOPs spent."""
+        caches, ref = {"old": old_cache}, trainer.ref
+        if ref is None:
+            return caches, 0.0
+        with torch.no_grad():
+            caches["ref"] = ref.build_cache_parallel(group.history[row:row + 1],
+                                                     group.history_actions[row:row + 1],
+                                                     sigma=ref.context_sigma)
+        return caches, ref.history_flops(group.history.shape[1])
 
     @abstractmethod
     def micro_loss(self, trainer: Trainer, item: Items, part: Tensor, actions: Tensor,
-                   cache: ContextCache, frozen: ContextCache | None, scale: float
-                   ) -> tuple[Tensor, float]:
+                   cache: ContextCache, frozen: dict[str, ContextCache], scale: float
+                   ) -> MicroLoss:
         """The loss of rows ``part`` of ``item`` (its share of the step's mean: weighted by
-        ``scale`` = 1 / rows of the step), to back-propagate, and its FLOPs. ``cache``: the
-        current model's history cache, ``frozen``: :meth:`frozen_cache`'s."""
+        ``scale`` = 1 / rows of the step), its FLOPs and, with a KL, each row's KL.
+        ``cache``: the current model's history cache, ``frozen``: :meth:`frozen_caches`'s."""
 
     def ema_decay(self, step: int, schedule_steps: int) -> float:
         """The old model's EMA decay at iteration ``step`` of a schedule over

@@ -4,7 +4,6 @@ candidate at some of the SDE steps its rollout recorded, trained with the PPO-cl
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 from collections.abc import Callable
@@ -14,10 +13,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from wc_fast.models import ContextCache, WorldModel
+from wc_fast.models import ContextCache
 from wc_fast.rollout import NO_EXPLORATION, GroupRollout, rollout_clip_level
 from wc_fast.runtime import generator
-from wc_fast.updates.base import CPU_MICRO_BATCH, Update
+from wc_fast.updates.base import CPU_MICRO_BATCH, MicroLoss, Update
 from wc_kernels import grpo_sde_loss, sde_log_prob
 
 if TYPE_CHECKING:
@@ -48,12 +47,9 @@ class GRPOUpdate(Update):
     validation keeps it so), every candidate kept, ``grpo.*`` for the loss; the old model is
     the current one after each update with ``grpo.on_policy``."""
 
-    def reference(self, model: WorldModel) -> WorldModel | None:
-        """The KL's reference, a frozen copy of the initial model, when ``grpo.kl_beta > 0``
-        (a resumed run rebuilds it from the init)."""
-        if self.cfg.grpo.kl_beta <= 0:
-            return None
-        return copy.deepcopy(model).eval().requires_grad_(False)
+    @property
+    def kl_beta(self) -> float:
+        return self.cfg.grpo.kl_beta
 
     def rollout_fn(self) -> Callable[..., GroupRollout]:
         return functools.partial(rollout_clip_level, grpo=self.cfg.grpo)
@@ -106,42 +102,31 @@ class GRPOUpdate(Update):
                                     sigma_max=trainer.sampler.sigmas[1]))
         return torch.cat(out)
 
-    def frozen_cache(self, trainer: Trainer, group: GroupRollout, row: int,
-                     old_cache: ContextCache) -> tuple[ContextCache | None, float]:
-        """The reference model's history cache (``None`` without one) and its FLOPs."""
-        ref = trainer.ref
-        if ref is None:
-            return None, 0.0
-        with torch.no_grad():
-            cache = ref.build_cache_parallel(group.history[row:row + 1],
-                                             group.history_actions[row:row + 1],
-                                             sigma=ref.context_sigma)
-        return cache, ref.history_flops(group.history.shape[1])
-
     def micro_loss(self, trainer: Trainer, item: GRPOItems, part: Tensor, actions: Tensor,
-                   cache: ContextCache, frozen: ContextCache | None, scale: float
-                   ) -> tuple[Tensor, float]:
+                   cache: ContextCache, frozen: dict[str, ContextCache], scale: float
+                   ) -> MicroLoss:
         """GRPO's loss on rows ``part``, weighted ``len(part) * scale`` (``grpo_sde_loss``
-        averages its rows, the step averages over all of its rows), and its FLOPs; ``frozen``
-        is the reference model's cache (``None`` without a KL)."""
+        averages its rows, the step averages over all of its rows), its FLOPs and with a KL
+        (whose reference model's cache is ``frozen["ref"]``) each row's KL."""
         gr = self.cfg.grpo
         sample, sigma = item.sample[part], item.sigma[part]
         motion = None if item.motion is None else item.motion[part]
         v_theta = trainer.velocities["model"](sample, sigma, actions, cache, motion=motion)
         batch_flops = trainer.model.velocity_flops(len(part), cache.num_tokens)
         ref_output, flops = None, 3 * batch_flops
-        if frozen is not None:
+        if "ref" in frozen:
             with torch.no_grad():
-                ref_output = trainer.velocities["ref"](sample, sigma, actions, frozen,
+                ref_output = trainer.velocities["ref"](sample, sigma, actions, frozen["ref"],
                                                        motion=motion)
             flops += batch_flops
-        loss = grpo_sde_loss(v_theta, sample, item.prev_sample[part], sigma,
-                             item.sigma_next[part], item.old_log_prob[part],
-                             item.advantage[part], noise_level=self.cfg.rollout.sde_noise,
-                             clip_range=gr.clip_range, adv_clip_max=gr.adv_clip_max,
-                             sigma_max=trainer.sampler.sigmas[1], ref_output=ref_output,
-                             kl_beta=gr.kl_beta)
-        return loss * (len(part) * scale), flops
+        loss, _, kl = grpo_sde_loss(v_theta, sample, item.prev_sample[part], sigma,
+                                    item.sigma_next[part], item.old_log_prob[part],
+                                    item.advantage[part], noise_level=self.cfg.rollout.sde_noise,
+                                    clip_range=gr.clip_range, adv_clip_max=gr.adv_clip_max,
+                                    sigma_max=trainer.sampler.sigmas[1], ref_output=ref_output,
+                                    kl_beta=gr.kl_beta, return_stats=True)
+        return MicroLoss(loss * (len(part) * scale), flops,
+                         None if ref_output is None else kl)
 
     def ema_decay(self, step: int, schedule_steps: int) -> float:
         """0 with ``grpo.on_policy`` (the old model becomes the current one), else the EMA

@@ -19,7 +19,7 @@ from wc_fast.models.motion_latent import noise_latents, with_latents
 from wc_fast.rollout import GroupRollout, rollout_clip_level, rollout_sample_level
 from wc_fast.runtime import generator
 from wc_fast.sampler import sigma_schedule
-from wc_fast.updates.base import Update
+from wc_fast.updates.base import MicroLoss, Update
 from wc_kernels import flow_noise, nft_loss
 
 if TYPE_CHECKING:
@@ -53,6 +53,10 @@ class NFTUpdate(Update):
         ro = cfg.rollout
         # the sampler's schedule without its final 0: the sigmas a candidate is noised at
         self.sigmas = sigma_schedule(ro.steps, ro.shift)[:-1]
+
+    @property
+    def kl_beta(self) -> float:
+        return self.cfg.nft.kl_beta
 
     def rollout_fn(self) -> Callable[..., GroupRollout]:
         return rollout_sample_level if self.cfg.rollout.mode == "sample" else rollout_clip_level
@@ -94,10 +98,12 @@ class NFTUpdate(Update):
                         candidate=chosen.repeat_interleave(k_sig).tolist(), motion=motion)
 
     def micro_loss(self, trainer: Trainer, item: NFTItems, part: Tensor, actions: Tensor,
-                   cache: ContextCache, frozen: ContextCache | None, scale: float
-                   ) -> tuple[Tensor, float]:
-        """``nft_loss`` summed over rows ``part`` times ``scale``; ``frozen`` is the old
-        model's cache, which its ``v_old`` forward reads."""
+                   cache: ContextCache, frozen: dict[str, ContextCache], scale: float
+                   ) -> MicroLoss:
+        """``nft_loss`` summed over rows ``part`` times ``scale``, plus with ``nft.kl_beta``
+        the rows' KL to the initial model (``kl_beta * scale`` times their sum).
+        ``frozen["old"]`` is the old model's cache, which its ``v_old`` forward reads,
+        ``frozen["ref"]`` the initial model's."""
         nf = self.cfg.nft
         x_t, sigma = item.x_t[part], item.sigma[part]
         motion = None if item.motion is None else item.motion[part]
@@ -107,9 +113,25 @@ class NFTUpdate(Update):
             v_old, flops = v_theta.detach(), 3 * batch_flops
         else:
             with torch.no_grad():
-                v_old = trainer.velocities["old"](x_t, sigma, actions, frozen, motion=motion)
+                v_old = trainer.velocities["old"](x_t, sigma, actions, frozen["old"],
+                                                  motion=motion)
             flops = 4 * batch_flops
         loss = nft_loss(v_theta, v_old, item.v_target[part].to(v_theta.dtype),
                         item.r[part], beta=nf.beta, sigma=sigma, space=nf.loss_space,
                         reduction="sum", scale=scale, check_values=False)
-        return loss, flops
+        if "ref" not in frozen:
+            return MicroLoss(loss, flops)
+        with torch.no_grad():
+            v_ref = trainer.velocities["ref"](x_t, sigma, actions, frozen["ref"], motion=motion)
+        kl = velocity_kl(v_theta, v_ref)
+        return MicroLoss(loss + (nf.kl_beta * scale) * kl.sum(), flops + batch_flops,
+                         kl.detach())
+
+
+def velocity_kl(v_theta: Tensor, v_ref: Tensor) -> Tensor:
+    """Per-row KL ``[N]`` of the model's flow to the reference's at the same noisy clips
+    ``[N, F, C, H, W]``: the mean squared velocity difference, in fp32. One Gaussian step of
+    the flow-matching SDE has a KL proportional to it at every sigma, so a KL weight absorbs
+    the sigma factor, as DiffusionNFT-style trainers' velocity-space KL does."""
+    diff = v_theta.float() - v_ref.detach().float()
+    return diff.square().flatten(1).mean(dim=1)
