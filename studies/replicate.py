@@ -119,6 +119,8 @@ ROWS = {"recipe": [], "recipe_no_exploration": NO_EXPLORATION,
         "recipe_if_action_no_exploration": ["--reward.if_kind", "action", *NO_EXPLORATION],
         # the IF reward read by re-rendering the world (an oracle no real world offers)
         "recipe_render_reader": ["--reward.if_reader", "render"],
+        # a KL to the frozen initial model (kept the Wan base's pictures, docs/replication.md)
+        "recipe_kl": ["--nft.kl_beta", "0.1"],
         "recipe_warp": WARP_RECIPE,
         "recipe_sde": ["--rollout.candidate_noise", "sde", *NO_EXPLORATION]} | {
     f"recipe_{name}": [*NO_EXPLORATION, *GRPO_FAMILY[name]]
@@ -139,7 +141,8 @@ SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic
 # (the update guard acts only on an update larger than the weights it changes, which none of
 # the cached runs made)
 FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio": 1.0,
-                    "reward.if_reader": "estimator", "model.history_window": 0}
+                    "reward.if_reader": "estimator", "model.history_window": 0,
+                    "nft.kl_beta": 0.0}
 # model-card fields added after the study began, with the value every cached score was made at:
 # a base model's card that sets one otherwise gives its scores a new evaluation id
 CARD_FIELDS_ADDED_OFF = {"history_window": 0}
@@ -179,6 +182,7 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "recipe_if_action_no_exploration": "default recipe, IF credit only for fully right "
                                              "frames, no exploration in camera motion",
           "recipe_render_reader": "default recipe, IF read by re-rendering the world",
+          "recipe_kl": "default recipe with a KL to the initial model (nft.kl_beta 0.1)",
           "recipe_warp": "warp recipe: the default with the warp head's exploration instead "
                          "(the previous default)",
           "recipe_sde": "default recipe without exploration in motion, same-noise SDE "

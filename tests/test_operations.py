@@ -87,8 +87,8 @@ def test_consecutive_nan_losses_stop_the_run_with_a_checkpoint(tmp_path, monkeyp
     real = Trainer._accumulate
 
     def nan_loss(self, item, total):
-        _, flops = real(self, item, total)
-        return float("nan"), flops
+        _, flops, kl = real(self, item, total)
+        return float("nan"), flops, kl
 
     monkeypatch.setattr(Trainer, "_accumulate", nan_loss)
     with pytest.raises(NumericalFaultError, match=r"2 consecutive updates .*"
