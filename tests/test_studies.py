@@ -383,6 +383,17 @@ def test_replicate_names_caches_by_evaluation_assets_and_training_config(monkeyp
     assert replicate.training_id("recipe", 0, None) != recipe  # a changed recipe is a new row
 
 
+@pytest.mark.parametrize("row,seed", [("recipe", 0), ("recipe", 2), ("recipe_warp", 0),
+                                      ("recipe_flow_grpo_same", 0), ("recipe_if_action", 0)])
+def test_committed_final_rows_keep_their_run_ids(row, seed):
+    """Every config field added since a row was trained is in ``FIELDS_ADDED_OFF``: the row's
+    id still names its committed evaluation, so the final table does not train it again."""
+    replicate = _load("replicate")
+    cache = Path(__file__).resolve().parents[1] / "studies" / "results" / "final"
+    name = f"{row}_s{seed}_cfg-{replicate.training_id(row, seed, None)}_64x6_final-"
+    assert any(path.name.startswith(name) for path in cache.iterdir()), name
+
+
 def test_replicate_reuses_cached_rows_without_training(tmp_path, monkeypatch):
     replicate = _load("replicate")
     tag = f"2x3_eval-{replicate.evaluation_id(2, 3)}"
