@@ -91,6 +91,7 @@ def run_with_kills(out: Path, steps: int, kills: int, rng: random.Random,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            if wait is not None and proc.returncode == -9:  # not a run that ended before its kill
                 landed += 1
                 tear_log(out)
                 print(f"kill {landed}: after {wait:.1f} s; checkpoints then: "

@@ -168,5 +168,5 @@ def test_wandb_goes_offline_without_an_api_key(tmp_path, monkeypatch):
 
 def test_missing_wandb_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
-    with pytest.raises(RuntimeError, match=r"pip install 'wc_fast\[wandb\]'"):
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'wc_fast\[wandb\]'"):
         WandbLog(tmp_path, config={}, name="run")

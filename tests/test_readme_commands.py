@@ -37,3 +37,15 @@ def test_the_command_list_has_train_commands():
 def test_readme_train_command_is_a_valid_config(args, tmp_path):
     argv = shlex.split(args.replace("[", "").replace("]", "").replace("DIR", str(tmp_path)))
     parse_run_args("wc_fast.train", "", argv, with_base=True)  # as wc_fast.train parses it
+
+
+def test_ci_runs_the_readme_quick_start_as_written():
+    """The quick start's install (its first command, before it trains) and its test command
+    are lines of ``.ci/run``, which runs them in a fresh virtual environment."""
+    readme = README.read_text()
+    block = readme.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    install, test = block.strip().splitlines()
+    install = install.removesuffix(" && python -m wc_fast.train")
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    assert install in ci and test in ci, (install, test)
+    assert any(" -m venv " in line for line in ci)

@@ -97,9 +97,10 @@ def test_lora_targets_must_name_linear_layers():
 def test_missing_peft_names_the_field_and_the_extra(wan_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)
     cfg = wan_config(wan_dir, **LORA)
-    with pytest.raises(ValueError, match=r"model\.lora_rank.*pip install wc_fast\[lora\]"):
+    with pytest.raises(ModuleNotFoundError,
+                       match=r"model\.lora_rank.*pip install 'wc_fast\[lora\]'"):
         load_wan_world_model(cfg.model)
-    with pytest.raises(ValueError, match=r"pip install wc_fast\[lora\]"):
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'wc_fast\[lora\]'"):
         tiny_model().add_lora(4, 0.0, TARGETS)
 
 

@@ -39,6 +39,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from rich.console import Console
@@ -59,7 +60,7 @@ from wc_fast.evaluation import (
 )
 from wc_fast.evaluation.floor import draw_motion_factors, render_sequences
 from wc_fast.evaluation.report import frame_distances
-from wc_fast.models.pretrained import EmbeddedModel, load_checkpoint_model
+from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import load_critic, load_estimator, vq_scores
 from wc_fast.rewards.interaction import action_accuracy
 from wc_fast.rollout import generate_history
@@ -67,6 +68,9 @@ from wc_fast.run_dir import check_writable_file
 from wc_fast.runtime import generator, resolve_device
 from wc_fast.sampler import ClipSampler
 from wc_fast.world import sample_sequences
+
+if TYPE_CHECKING:
+    from wc_fast.models.pretrained import EmbeddedModel
 
 # set name -> (composite fraction, keys a composite presses); the set's seed is seed + index
 KINDS = {"basic": (0.0, (2, 3, 4)), "composite": (1.0, (2, 3, 4)),

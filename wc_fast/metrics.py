@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 import torch
 
 from wc_fast.checkpoint import write_atomic
+from wc_fast.extras import require
 
 # The TensorBoard / W&B tag of each metrics.jsonl key, in torchtitan's naming, and the factor
 # its value is multiplied by (the row's mfu is a fraction, its tag a percentage). Keys not
@@ -76,11 +77,9 @@ class TensorBoardLog:
 
     def __init__(self, directory: str | Path, *, resume_step: int | None = None,
                  config: dict | None = None) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:
-            raise RuntimeError("train.loggers tensorboard needs the tensorboard package: "
-                               "pip install 'wc_fast[tensorboard]'") from exc
+        require("tensorboard", user="train.loggers tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
         purge = None if resume_step is None else resume_step + 1
         self.writer = SummaryWriter(str(directory), purge_step=purge)
         if config is not None:
@@ -142,12 +141,7 @@ class WandbLog:
 
     def __init__(self, directory: str | Path, *, config: dict, name: str,
                  run_id: str | None = None) -> None:
-        try:
-            import wandb
-        except ImportError as exc:
-            raise RuntimeError("train.loggers wandb needs the wandb package: "
-                               "pip install 'wc_fast[wandb]'") from exc
-        self.wandb = wandb
+        self.wandb = wandb = require("wandb", user="train.loggers wandb")
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "wc_fast"), name=name,
                               id=run_id, resume="allow", config=config, mode=wandb_mode(),

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -29,7 +30,6 @@ from wc_fast import config as config_lib
 from wc_fast.cli import RunArgs, parse_run_args, run_main
 from wc_fast.models.motion_latent import LATENTS, factor_latents, with_latents
 from wc_fast.models.pretrained import (
-    EmbeddedModel,
     export_world_model,
     load_world_model,
     new_world_model,
@@ -39,6 +39,9 @@ from wc_fast.runtime import generator, resolve_device, stream_seed
 from wc_fast.sampler import time_shift
 from wc_fast.world import Clips, batch_seed, sample_sequences
 from wc_kernels import flow_noise
+
+if TYPE_CHECKING:
+    from wc_fast.models.pretrained import EmbeddedModel
 
 # fields that may change between an interrupted run and its resumption: bookkeeping
 RESUMABLE_CHANGES = ("pretrain.steps", "pretrain.out", "pretrain.ckpt_every",

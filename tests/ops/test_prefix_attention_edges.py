@@ -1,8 +1,9 @@
-"""``prefix_attention`` on inputs with no query row and with a non-finite ``scale``.
+"""``prefix_attention`` on zero-size inputs and with a non-finite ``scale``.
 
 Every CPU backend runs (``triton`` under ``TRITON_INTERPRET=1``, set by conftest). An empty
-batch once killed the interpreter with SIGFPE in the ``split`` path, so each empty case runs
-in a child process first: a crash fails the test instead of the whole session.
+batch once killed the interpreter with SIGFPE in the ``split`` path, and zero heads did too, so
+the zero-size matrix runs in a child process first: a crash fails the test instead of the whole
+session.
 """
 
 import math
@@ -29,22 +30,80 @@ def _inputs(b: int, lq: int) -> list[torch.Tensor]:
     return [torch.randn(*s, generator=g).requires_grad_(True) for s in shapes]
 
 
+# (B, H, L, Lk, P, D) -> what every CPU backend must do: "empty" (the empty output),
+# "defined" (attention over the side that has keys; equal to the reference), or the argument a
+# ValueError names
+ZERO_SIZE = {
+    (0, 2, 5, 3, 4, 8): "empty",
+    (2, 2, 0, 3, 4, 8): "empty",
+    (0, 2, 0, 3, 4, 8): "empty",
+    (0, 2, 5, 0, 4, 8): "empty",
+    (2, 2, 5, 0, 4, 8): "defined",
+    (2, 2, 5, 3, 0, 8): "defined",
+    (1, 2, 1, 0, 1, 8): "defined",
+    (2, 0, 5, 3, 4, 8): "q",
+    (0, 0, 0, 0, 0, 8): "q",
+    (2, 2, 5, 3, 4, 0): "q",
+    (2, 0, 5, 3, 4, 0): "q",
+    (2, 2, 5, 0, 0, 8): "k and prefix_k",
+    (0, 2, 5, 0, 0, 8): "k and prefix_k",
+}
+
+ZERO_SIZE_CHILD = """
+import sys, torch, wc_kernels
+from wc_kernels import reference
+backend, cases = sys.argv[1], eval(sys.argv[2])
+for b, h, lq, lk, p, d in cases:
+    g = torch.Generator().manual_seed(0)
+    shapes = ((b, h, lq, d), (b, h, lk, d), (b, h, lk, d), (1, h, p, d), (1, h, p, d))
+    ins = [torch.randn(*s, generator=g) for s in shapes]
+    try:
+        out = wc_kernels.prefix_attention(*ins, backend=backend)
+    except ValueError as exc:
+        print("ValueError", str(exc).replace(chr(10), " "), flush=True)
+        continue
+    want = reference.prefix_attention(*ins)
+    equal = out.shape == want.shape and torch.allclose(out, want, rtol=2e-5, atol=2e-5)
+    print("empty" if out.numel() == 0 else "defined" if equal else f"WRONG {out.shape}",
+          flush=True)
+"""
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_no_query_row_gives_an_empty_output_in_a_child_process(backend):
-    code = textwrap.dedent(f"""
-        import torch, wc_kernels
-        for b, lq in {EMPTY}:
-            shapes = ((b, 2, lq, 8), (b, 2, 3, 8), (b, 2, 3, 8), (1, 2, 4, 8), (1, 2, 4, 8))
-            out = wc_kernels.prefix_attention(*(torch.randn(*s) for s in shapes),
-                                              backend="{backend}")
-            print(tuple(out.shape))
-    """)
+def test_zero_size_matrix_in_a_child_process(backend):
+    """Every zero-size shape on every CPU backend, in a child process whose exit status is
+    checked: no SIGFPE, no division by zero; empty where the output is empty, the reference's
+    values where attention is defined, a ``ValueError`` naming the argument where it is not."""
+    cases = list(ZERO_SIZE)
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=300)
+    done = subprocess.run([sys.executable, "-c", ZERO_SIZE_CHILD, backend, repr(cases)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, f"exit status {done.returncode}: {done.stderr[-2000:]}"
-    shapes = [line for line in done.stdout.splitlines() if line.startswith("(")]
-    assert shapes == [str((b, 2, lq, 8)) for b, lq in EMPTY]
+    lines = done.stdout.splitlines()
+    assert len(lines) == len(cases), done.stdout
+    for case, line in zip(cases, lines, strict=True):
+        want = ZERO_SIZE[case]
+        if want in ("empty", "defined"):
+            assert line == want, (case, line)
+        else:  # the message starts with the argument it names
+            assert line.startswith(f"ValueError {want} "), (case, line)
+
+
+@pytest.mark.parametrize("backend", ("reference", "split", "triton"))
+@pytest.mark.parametrize(("lk", "p"), [(0, 4), (3, 0)])
+def test_one_empty_key_side_has_the_references_gradients(backend, lk, p):
+    """``Lk = 0`` or ``P = 0``: the gradients equal the reference's, and the empty side's are
+    empty tensors of its shape."""
+    g = torch.Generator().manual_seed(lk * 10 + p)
+    shapes = ((2, 2, 5, 8), (2, 2, lk, 8), (2, 2, lk, 8), (1, 2, p, 8), (1, 2, p, 8))
+    ins = [torch.randn(*s, generator=g).requires_grad_(True) for s in shapes]
+    out = wc_kernels.prefix_attention(*ins, backend=backend)
+    up = torch.randn(out.shape, generator=g)
+    got = torch.autograd.grad(out, ins, up)
+    want = torch.autograd.grad(reference.prefix_attention(*ins), ins, up)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -7,15 +7,13 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from wc_fast.extras import require
+
 
 def import_peft() -> ModuleType:
-    """``peft``, or a ``ValueError`` naming ``model.lora_rank`` and the extra that installs it."""
-    try:
-        import peft
-    except ModuleNotFoundError as exc:
-        raise ValueError(f"model.lora_rank > 0 needs peft ({exc}): pip install wc_fast[lora]"
-                         ) from exc
-    return peft
+    """``peft``, or a ``ModuleNotFoundError`` naming ``model.lora_rank`` and the extra that
+    installs it."""
+    return require("peft", user="model.lora_rank > 0")
 
 
 def inject_lora(module: nn.Module, rank: int, alpha: float, targets: tuple[str, ...], *,

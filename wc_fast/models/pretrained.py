@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -14,25 +15,24 @@ from torch.optim.swa_utils import AveragedModel
 
 from wc_fast import checkpoint
 from wc_fast.config import ModelConfig, from_dict, validate_model
+from wc_fast.extras import require
 from wc_fast.models.lora import import_peft
 from wc_fast.models.protocol import FrameCodec, PixelFrames
 from wc_fast.models.tiny_dit import DTYPES, TinyWorldDiT
-from wc_fast.models.wan import WanWorldModel
-from wc_fast.models.wan_embedded import embedded_wan_model
-from wc_fast.models.wan_vae import WanLatentCodec, spatial_factor
-from wc_fast.models.worldplay import WorldPlayWorldModel
-from wc_fast.models.worldplay_vae import HunyuanLatentCodec
-from wc_fast.models.worldplay_vae import spatial_factor as hunyuan_spatial_factor
+
+if TYPE_CHECKING:
+    from wc_fast.models.wan import WanWorldModel
+    from wc_fast.models.worldplay import WorldPlayWorldModel
+
+    # a world model built from a ModelConfig alone (no diffusers directory): what pretraining
+    # trains and an exported weights file holds
+    EmbeddedModel = TinyWorldDiT | WanWorldModel
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BASE_WEIGHTS = ASSETS / "base_model.safetensors"
 BASE_CARD = ASSETS / "base_model.json"
 # the shipped base world models by name (``--base NAME``)
 BASE_MODELS = {"tiny": BASE_WEIGHTS, "wan": ASSETS / "wan_base_model.safetensors"}
-
-# a world model built from a ModelConfig alone (no diffusers directory): what pretraining
-# trains and an exported weights file holds
-EmbeddedModel = TinyWorldDiT | WanWorldModel
 
 
 def new_world_model(cfg: ModelConfig, *, seed: int = 0) -> EmbeddedModel:
@@ -45,6 +45,9 @@ def new_world_model(cfg: ModelConfig, *, seed: int = 0) -> EmbeddedModel:
     if cfg.path:
         raise ValueError(f"model.path {cfg.path!r} names a pretrained Wan backbone; an embedded "
                          "world model (built and pretrained here) needs an empty model.path")
+    require("diffusers", user="model.backbone wan")
+    from wc_fast.models.wan_embedded import embedded_wan_model
+
     return embedded_wan_model(cfg, seed=seed)
 
 
@@ -181,6 +184,10 @@ def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *
     ``cfg.resolution`` pixel frames, with LoRA adapters when ``cfg.lora_rank > 0``. Missing
     directories or files raise ``FileNotFoundError`` naming them, a missing ``peft``
     ``ValueError``."""
+    require("diffusers", user="model.backbone wan")
+    from wc_fast.models.wan import WanWorldModel
+    from wc_fast.models.wan_vae import spatial_factor
+
     if cfg.lora_rank:
         import_peft()  # before loading a backbone that could not be adapted
     factor = spatial_factor(cfg.path)
@@ -217,9 +224,13 @@ def load_worldplay_world_model(cfg: ModelConfig, device: torch.device | str = "c
     """The :class:`WorldPlayWorldModel` of ``cfg.path`` (its ``transformer/``, official layout)
     on the latents of its ``vae/`` for ``cfg.resolution`` pixel frames, conditioned on
     ``cfg.prompt_embeds``, with LoRA adapters when ``cfg.lora_rank > 0``."""
+    require("diffusers", user="model.backbone worldplay")
+    from wc_fast.models.worldplay import WorldPlayWorldModel
+    from wc_fast.models.worldplay_vae import spatial_factor
+
     if cfg.lora_rank:
         import_peft()
-    factor = hunyuan_spatial_factor(cfg.path)
+    factor = spatial_factor(cfg.path)
     if cfg.resolution % factor:
         raise ValueError(f"model.resolution must be a multiple of the VAE's spatial factor "
                          f"{factor}, got {cfg.resolution}")
@@ -237,8 +248,14 @@ def frame_codec(cfg: ModelConfig, device: torch.device | str = "cpu") -> FrameCo
     """The map between the model's frames and pixel frames: the identity for the embedded
     model, the VAE of ``cfg.path`` for a Wan or WorldPlay backbone read from there."""
     if cfg.backbone == "wan" and cfg.path:
+        require("diffusers", user="model.backbone wan")
+        from wc_fast.models.wan_vae import WanLatentCodec
+
         return WanLatentCodec.from_pretrained(cfg.path, pixel_size=cfg.resolution, device=device)
     if cfg.backbone == "worldplay":
+        require("diffusers", user="model.backbone worldplay")
+        from wc_fast.models.worldplay_vae import HunyuanLatentCodec
+
         return HunyuanLatentCodec.from_pretrained(cfg.path, pixel_size=cfg.resolution,
                                                   device=device)
     return PixelFrames()

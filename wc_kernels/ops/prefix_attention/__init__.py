@@ -56,6 +56,10 @@ def _check_inputs(q, k, v, prefix_k, prefix_v) -> None:
     if q.dim() != 4:
         raise ValueError(f"q must have shape [B, H, L, D], got {tuple(q.shape)}")
     b, h, _, d = q.shape
+    if h == 0 or d == 0:
+        raise ValueError(f"q must have at least one head and a head dim >= 1 (attention over "
+                         f"zero heads or zero-length vectors is undefined), got H={h}, D={d} "
+                         f"in q.shape {tuple(q.shape)}")
     _checks.check_tensor("k", k)
     _checks.check_like("v", _checks.check_tensor("v", v), "k", k)
     if k.dim() != 4 or k.shape[0] != b or k.shape[1] != h or k.shape[3] != d:
@@ -73,7 +77,8 @@ def _check_inputs(q, k, v, prefix_k, prefix_v) -> None:
             raise TypeError(f"{name} must have the dtype of q ({q.dtype}), got {t.dtype}")
         _checks.check_device(name, t, "q", q)
     if k.shape[2] + prefix_k.shape[2] == 0:
-        raise ValueError("prefix_attention needs at least one key: L_k + P must be > 0")
+        raise ValueError(f"k and prefix_k hold no key at all (k.shape {tuple(k.shape)}, "
+                         f"prefix_k.shape {tuple(prefix_k.shape)}): attention needs Lk + P > 0")
 
 
 def _check_scale(scale: object) -> float | None:
@@ -136,7 +141,9 @@ def prefix_attention(
     fp16/bf16/fp32 with ``D <= 128``, ``flash_attn`` fp16/bf16 with ``D <= 256``, ``xformers``
     fp16/bf16/fp32, ``flex`` on CUDA ``D >= 16`` (``auto`` passes over a backend that cannot
     take the input; naming one raises). With no query row (``B = 0`` or ``L = 0``) every
-    backend returns the empty ``[B, H, L, D]``; a NaN or inf ``scale`` raises ``ValueError``.
+    backend returns the empty ``[B, H, L, D]``; an empty key set on one side (``Lk = 0`` or
+    ``P = 0``) is attention over the other side alone. Zero heads, a zero head dim, no key at
+    all (``Lk + P = 0``) or a NaN or inf ``scale`` raise ``ValueError``.
     The optional ``flash_attn`` and ``xformers`` backends
     run on CUDA when their library is installed and are chosen by name only.
     """
