@@ -83,15 +83,15 @@ def _bench(benchmark, fn, bytes_moved: int, copy_bw: float) -> None:
 
 
 def _nft_loss_op():
-    from wc_kernels.ops.nft_loss.library import NFT_LOSS, OPS
+    from wc_kernels.ops.nft_loss.library import FUSED, NFT_LOSS
 
-    return OPS[NFT_LOSS]
+    return FUSED[NFT_LOSS]
 
 
 def _flow_noise_op():
-    from wc_kernels.ops.flow_noise.library import FLOW_NOISE, OPS
+    from wc_kernels.ops.flow_noise.library import FLOW_NOISE, FUSED
 
-    return OPS[FLOW_NOISE]
+    return FUSED[FLOW_NOISE]
 
 
 def _nft_contender(contender: str, inputs: tuple, space: str):

@@ -56,23 +56,23 @@ def _grpo_case(backend: str, rows: int, d: int, dtype: torch.dtype, device: torc
 
 def _nft_x0_case(rows: int, d: int, dtype: torch.dtype, device: torch.device
                  ) -> Callable[[], None]:
-    from wc_kernels.ops.nft_loss.library import NFT_LOSS, OPS
+    from wc_kernels.ops.nft_loss.library import FUSED, NFT_LOSS
 
     gen = torch.Generator(device=device).manual_seed(0)
     vt, vo, vs = (torch.randn(rows, d, device=device, generator=gen).to(dtype) for _ in range(3))
     r, sigma = torch.rand(rows, device=device), torch.rand(rows, device=device)
-    op = OPS[NFT_LOSS]
+    op = FUSED[NFT_LOSS]
     return lambda: op(vt, vo, vs, r, sigma, 1.0, True)
 
 
 def _flow_noise_case(s: int, k: int, d: int, dtype: torch.dtype, device: torch.device
                      ) -> Callable[[], None]:
-    from wc_kernels.ops.flow_noise.library import FLOW_NOISE, OPS
+    from wc_kernels.ops.flow_noise.library import FLOW_NOISE, FUSED
 
     x0 = torch.randn(s, d, device=device).to(dtype)
     sigmas = torch.rand(s, k, device=device)
     noise = torch.randn(s * k, d, device=device).to(dtype)
-    op = OPS[FLOW_NOISE]
+    op = FUSED[FLOW_NOISE]
     return lambda: op(x0, sigmas, noise)
 
 

@@ -96,3 +96,11 @@ def resolve(op: str, backend: str, device: torch.device, implemented: tuple[str,
     if reason is not None:
         raise RuntimeError(f"{op}: backend={backend!r} is unavailable: {reason}")
     return backend
+
+
+def may_trace(*tensors: torch.Tensor | None) -> bool:
+    """Whether anything may be tracing a call on ``tensors``: compiling, a dispatch mode
+    (FakeTensorMode, a proxy mode), or an input that is a tensor subclass (FakeTensor,
+    FunctionalTensor)."""
+    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or any(t is not None and type(t) is not torch.Tensor for t in tensors))

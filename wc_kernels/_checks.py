@@ -55,15 +55,24 @@ def check_finite(name: str, t: Tensor) -> None:
 
 
 def check_range(name: str, t: Tensor, lo: float, hi: float) -> None:
-    """All elements of ``t`` are finite and within ``[lo, hi]``: one fused min/max reduction
-    read back in one transfer (NaN propagates into both bounds and fails the comparison)."""
-    if not values_checkable() or t.numel() == 0:
+    """All elements of ``t`` are finite and within ``[lo, hi]`` (see :func:`check_ranges`)."""
+    check_ranges({name: t}, lo, hi)
+
+
+def check_ranges(tensors: dict[str, Tensor], lo: float, hi: float) -> None:
+    """All elements of each named tensor are finite and within ``[lo, hi]``: one fused
+    min/max reduction per tensor, all read back in one transfer (NaN propagates into both
+    bounds and fails the comparison). The error names the first tensor out of range."""
+    tensors = {name: t for name, t in tensors.items() if t.numel()}
+    if not values_checkable() or not tensors:
         return
-    low, high = torch.stack(torch.aminmax(t.detach())).tolist()
-    if lo <= low and high <= hi:
-        return
-    check_finite(name, t)
-    raise ValueError(f"{name} must lie in [{lo}, {hi}], got values in [{low:.4g}, {high:.4g}]")
+    bounds = torch.stack([torch.stack(torch.aminmax(t.detach())).double()
+                          for t in tensors.values()]).tolist()
+    for (name, t), (low, high) in zip(tensors.items(), bounds, strict=True):
+        if not (lo <= low and high <= hi):
+            check_finite(name, t)
+            raise ValueError(f"{name} must lie in [{lo}, {hi}], got values in "
+                             f"[{low:.4g}, {high:.4g}]")
 
 
 def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

@@ -16,16 +16,24 @@ Both ops of a pair get the same fake kernel and the same autograd formula. The T
 implementations are ``torch.library.triton_op`` so ``torch.compile`` sees (and Inductor can
 compile) the kernels; under the interpreter they are opaque custom ops. Without ``triton``
 installed only the native CPU kernels are registered; with neither, no op is.
+
+Each op is a :class:`FusedOp`: in plain eager execution (nothing compiling or tracing, see
+:func:`~wc_kernels._backend.may_trace`) it calls its implementation directly under a
+``torch.autograd.Function`` with the same autograd formula, skipping the ``torch.library``
+dispatcher's host cost; under ``torch.compile``, export or a dispatch mode it calls the
+registered op, which those see as one node. Both routes run the same kernels on the same
+arguments, so they give the same bits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from wc_kernels._backend import native_built, triton_interpreting
+from wc_kernels._backend import may_trace, native_built, triton_interpreting
 
 try:
     import triton  # noqa: F401
@@ -36,6 +44,34 @@ else:
 
 NATIVE = native_built()
 TRITON_TWIN = "_triton"
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    """A registered op (``registered``) and the same implementation for direct eager calls
+    (``direct``, a ``torch.autograd.Function`` with the registered autograd formula)."""
+
+    registered: Any
+    direct: type[torch.autograd.Function]
+
+    def __call__(self, *args: Any) -> Any:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if may_trace(*tensors):
+            return self.registered(*args)
+        return self.direct.apply(*args)
+
+
+def _direct_function(name: str, impl: Callable[[torch.device], Callable], setup_context: Any,
+                     backward: Any) -> type[torch.autograd.Function]:
+    """An autograd function running ``impl(device)`` of its first tensor argument's device,
+    with the registered op's ``setup_context`` and ``backward``."""
+
+    def forward(*args: Any) -> Any:
+        return impl(args[0].device)(*args)
+
+    return type(f"Direct[{name}]", (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward)})
 
 
 def define(name: str, launch: Any, native_impl: Any, native: bool) -> Any:
@@ -54,6 +90,19 @@ def define(name: str, launch: Any, native_impl: Any, native: bool) -> Any:
         if not interpreting:
             _opaque_on_cpu(op)
     return op
+
+
+def fuse(name: str, op: Any, launch: Any, native_impl: Any, native: bool, *,
+         setup_context: Any, backward: Any) -> FusedOp:
+    """``op`` (from :func:`define` with ``name`` and the same ``launch``, ``native_impl`` and
+    ``native``, its autograd registered as ``setup_context`` and ``backward``) with its direct
+    eager route: the implementation the op dispatches to for a device, under the same
+    autograd."""
+
+    def impl(device: torch.device) -> Callable:
+        return native_impl if device.type == "cpu" and (native or not HAVE_TRITON) else launch
+
+    return FusedOp(op, _direct_function(name, impl, setup_context, backward))
 
 
 def _opaque_on_cpu(op: Any) -> None:

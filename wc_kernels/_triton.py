@@ -23,6 +23,8 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
+from wc_kernels._backend import may_trace
+
 INTERPRET_MAX_BLOCK = 1 << 14
 INTERPRET_BLOCKS_PER_CHUNK = 4
 PROGRAMS_PER_SM = 4
@@ -89,14 +91,6 @@ def check_operand(op: str, name: str, t: torch.Tensor, shape: tuple[int, ...], r
     if same_dtype and t.dtype != ref.dtype:
         raise TypeError(f"{op}: {name} must have the dtype of {ref_name} ({ref.dtype}), "
                         f"got {t.dtype}")
-
-
-def may_trace(*tensors: torch.Tensor | None) -> bool:
-    """Whether anything may be tracing a launch on ``tensors``: compiling, a dispatch mode
-    (FakeTensorMode, a proxy mode), or an input that is a tensor subclass (FakeTensor,
-    FunctionalTensor)."""
-    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
-            or any(t is not None and type(t) is not torch.Tensor for t in tensors))
 
 
 def launchable(kernel: Any, *tensors: torch.Tensor | None) -> Any:

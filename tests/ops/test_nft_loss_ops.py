@@ -44,7 +44,8 @@ def test_native_only_registration_without_triton(monkeypatch):
     """Without triton installed the op is a plain CPU custom op over the native kernel."""
     monkeypatch.setattr(_registry, "HAVE_TRITON", False)
     suffix = "_native_only_test"
-    torch.library.opcheck(library.define_ops(suffix, native_cpu=True)[NFT_LOSS + suffix],
+    fused = library.define_ops(suffix, native_cpu=True)[NFT_LOSS + suffix]
+    torch.library.opcheck(fused.registered,
                           _nft_args())
 
 

@@ -51,7 +51,8 @@ def flow_noise(
 
     ``backend="triton"`` / ``"native"`` run the fused op ``wc_fast::flow_noise`` (see
     :mod:`wc_kernels.ops.flow_noise.library`), which reads each clean row once for all its K
-    outputs; ``sigmas`` are used in fp32 and non-contiguous inputs are copied first.
+    outputs (called directly in plain eager code, one node when compiled or traced);
+    ``sigmas`` are used in fp32 and non-contiguous inputs are copied first.
     ``check_values=False`` skips the host-side range check of ``sigmas`` (a device sync on
     CUDA).
     """
@@ -64,9 +65,6 @@ def flow_noise(
     if chosen == "reference":
         return naive.flow_noise(x0, sigmas, noise)
     from wc_kernels._registry import op_for
-    from wc_kernels.ops.flow_noise.library import FLOW_NOISE, OPS
+    from wc_kernels.ops.flow_noise.library import FLOW_NOISE, FUSED
 
-    op = op_for(FLOW_NOISE, chosen, x0.device, OPS)
-    x_t, v_target = op(x0.reshape(s, -1), sigmas, noise.reshape(s * k, -1))
-    shape = (s * k, *x0.shape[1:])
-    return x_t.view(shape), v_target.view(shape)
+    return op_for(FLOW_NOISE, chosen, x0.device, FUSED)(x0, sigmas, noise)

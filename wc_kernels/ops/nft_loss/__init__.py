@@ -21,7 +21,7 @@ def _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction, sc
     _checks.check_like("v_old", _checks.check_tensor("v_old", v_old), "v_theta", v_theta)
     _checks.check_like("v_target", _checks.check_tensor("v_target", v_target), "v_theta",
                        v_theta)
-    if v_theta.shape[0] == 0 or v_theta[0].numel() == 0:
+    if v_theta.shape[0] == 0 or math.prod(v_theta.shape[1:]) == 0:
         raise ValueError(f"v_theta must be non-empty [B, ...], got shape {tuple(v_theta.shape)}")
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
         raise TypeError(f"beta must be a finite float, got {beta!r}")
@@ -35,16 +35,16 @@ def _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction, sc
     _checks.check_tensor("r", r)
     _checks.check_shape("r", r, (b,), "one optimality value per sample")
     _checks.check_device("r", r, "v_theta", v_theta)
-    if values:
-        _checks.check_range("r", r, 0.0, 1.0)
+    ranged = {"r": r}
     if space == "x0":
         if sigma is None:
             raise ValueError("sigma [B] is required for space='x0'")
         _checks.check_tensor("sigma", sigma)
         _checks.check_shape("sigma", sigma, (b,), "one noise level per sample")
         _checks.check_device("sigma", sigma, "v_theta", v_theta)
-        if values:
-            _checks.check_range("sigma", sigma, 0.0, 1.0)
+        ranged["sigma"] = sigma
+    if values:
+        _checks.check_ranges(ranged, 0.0, 1.0)
 
 
 def nft_loss(
@@ -72,10 +72,11 @@ def nft_loss(
 
     ``backend="triton"`` / ``"native"`` run the fused op ``wc_fast::nft_loss_fwd`` (see
     :mod:`wc_kernels.ops.nft_loss.library`): one pass over the inputs (two for ``x0``) yields the
-    per-sample loss and the gradient already multiplied by the reduction's factor and
-    ``scale``, so the backward of ``loss.backward()`` has nothing left to do (on CPU; on CUDA it
-    multiplies by the upstream gradient). ``r`` and ``sigma`` are used in fp32 and
-    non-contiguous inputs are copied first.
+    reduced loss and the gradient already multiplied by the reduction's factor and ``scale``,
+    so the backward is one multiply by the upstream gradient. In plain eager code the kernels
+    are called directly, without the ``torch.library`` dispatcher; compiled or traced, the op
+    is one node. ``r`` and ``sigma`` are used in fp32 and non-contiguous inputs are copied
+    first.
 
     ``check_values=False`` skips the range checks of ``r`` and ``sigma``, which read them on
     the host (a device sync on CUDA): for callers that validated them already.
@@ -83,22 +84,20 @@ def nft_loss(
     _check_inputs(v_theta, v_old, v_target, r, beta, sigma, space, reduction, scale,
                   check_values)
     chosen = resolve("nft_loss", backend, v_theta.device, IMPLEMENTED)
-    b = v_theta.shape[0]
-    # the factor the reduction applies to each sample's loss: the fused ops pre-scale the
-    # gradient by it, and the reduction below multiplies by exactly this value, so the
-    # upstream gradient of each sample equals it and the op's backward can skip its pass
-    factor = float(scale) / b if reduction == "mean" else float(scale)
-    if chosen == "reference":
-        per_sample = naive.nft_loss(v_theta, v_old, v_target, r, beta=float(beta), sigma=sigma,
-                                    space=space)
-    else:
+    # the factor the reduction applies to each sample's loss (the fused op applies it to the
+    # loss and the gradient it writes)
+    factor = float(scale) / v_theta.shape[0] if reduction == "mean" else float(scale)
+    if chosen != "reference":
         from wc_kernels._registry import op_for
-        from wc_kernels.ops.nft_loss.library import NFT_LOSS, OPS
+        from wc_kernels.ops.nft_loss.library import FUSED, NFT_LOSS
 
-        op = op_for(NFT_LOSS, chosen, v_theta.device, OPS)
+        op = op_for(NFT_LOSS, chosen, v_theta.device, FUSED)
         x0 = space == "x0"
-        per_sample, _ = op(v_theta.reshape(b, -1), v_old.reshape(b, -1), v_target.reshape(b, -1),
-                           r, sigma if x0 else None, float(beta), x0, factor)
+        loss, _ = op(v_theta, v_old, v_target, r, sigma if x0 else None, float(beta), x0,
+                     factor, reduction != "none")
+        return loss
+    per_sample = naive.nft_loss(v_theta, v_old, v_target, r, beta=float(beta), sigma=sigma,
+                                space=space)
     if factor != 1.0:
         per_sample = per_sample * factor
     return per_sample if reduction == "none" else per_sample.sum()
