@@ -10,9 +10,13 @@ prefix_v)`` in bf16:
 
 - ``reference``: plain PyTorch with the prefix replicated per row (the spec);
 - ``sdpa_replicated``: ``cat(prefix.expand(B), k)`` then ``F.scaled_dot_product_attention``
-  (flash-attention kernels; what naive batching does);
+  (the backend SDPA picks; what naive batching does), and ``replicated_flash``,
+  ``replicated_cudnn``, ``replicated_efficient``: the same with SDPA pinned to one backend
+  (``torch.nn.attention.sdpa_kernel``), so the fastest is known by name;
 - ``flex``: FlexAttention over one prefix copy with a block mask (``backend="flex"``);
 - ``triton``: the fused Triton kernels (``backend="triton"``);
+- ``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``: the split path on SDPA's own kernels
+  (one prefix copy, partials merged by log-sum-exp);
 - ``flash_attn`` / ``xformers``: the optional libraries' partial attentions merged by LSE
   (skipped when the library is not installed).
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import wc_kernels
 from wc_kernels import _backend, reference
@@ -41,7 +46,11 @@ SHAPES = {  # name: (B, H, L, Lk, P, D); L = Lk = one clip's tokens, P = the his
     "G16-D64": (16, 8, 256, 256, 1856, 64),
     "G16-D128": (16, 8, 256, 256, 1856, 128),
 }
-CONTENDERS = ("triton", "sdpa_replicated", "reference", "flex", "flash_attn", "xformers")
+PINNED = {"replicated_flash": SDPBackend.FLASH_ATTENTION,
+          "replicated_cudnn": SDPBackend.CUDNN_ATTENTION,
+          "replicated_efficient": SDPBackend.EFFICIENT_ATTENTION}
+CONTENDERS = ("triton", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_replicated",
+              *PINNED, "reference", "flex", "flash_attn", "xformers")
 # ours first and the compiled FlexAttention late: a step cut short by time keeps the former
 MODES = ("fwd", "fwd+bwd")
 DTYPE = torch.bfloat16
@@ -54,11 +63,21 @@ def _sdpa_replicated(q, k, v, prefix_k, prefix_v):
     return F.scaled_dot_product_attention(q, keys, values)
 
 
+def _pinned(backend: SDPBackend):
+    def attention(*ins):
+        with sdpa_kernel(backend):
+            return _sdpa_replicated(*ins)
+
+    return attention
+
+
 def _attention(contender: str):
     if contender == "reference":
         return reference.prefix_attention
     if contender == "sdpa_replicated":
         return _sdpa_replicated
+    if contender in PINNED:
+        return _pinned(PINNED[contender])
     return lambda *ins: wc_kernels.prefix_attention(*ins, backend=contender)
 
 

@@ -2,7 +2,8 @@
 
 ``reference`` is plain PyTorch (the spec), ``triton`` the fused Triton kernels (CUDA, or CPU
 tensors under ``TRITON_INTERPRET=1``), ``native`` the C++ CPU extension built from ``csrc/``.
-Attention only: ``split`` (two fused partial attentions merged by LSE, CPU), ``flex``
+Attention only: ``split`` (two fused partial attentions merged by LSE, CPU), the same on
+SDPA's CUDA kernels (``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``; by name only), ``flex``
 (FlexAttention with a block mask; CUDA, forward-only on CPU), and the optional libraries
 ``flash_attn`` and ``xformers`` (partials merged by LSE; CUDA, when installed; never chosen by
 ``auto``, whose CUDA order is the project's own kernels).
@@ -17,7 +18,11 @@ import os
 
 import torch
 
-BACKENDS = ("auto", "reference", "triton", "native", "split", "flex", "flash_attn", "xformers")
+BACKENDS = ("auto", "reference", "triton", "native", "split", "flex", "flash_attn", "xformers",
+            "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+# the split path on SDPA's own CUDA kernels (attention only; chosen by name until their GPU
+# parity tests have passed on a device)
+SDPA_BACKENDS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
 # optional attention libraries: backend name -> (module to import, pip requirement)
 LIBRARIES = {"flash_attn": ("flash_attn", "flash-attn"), "xformers": ("xformers.ops", "xformers")}
 AUTO_ORDER = {"cuda": ("triton", "flex"), "cpu": ("native", "split")}
@@ -63,6 +68,9 @@ def unavailable_reason(backend: str, device: torch.device) -> str | None:
         return None
     if backend == "split":
         return None if device.type == "cpu" else f"split runs on CPU tensors, not {device.type}"
+    if backend in SDPA_BACKENDS:
+        return None if device.type == "cuda" else f"{backend} runs on CUDA tensors, not " \
+            f"{device.type} (on CPU, 'split' runs the same path on the CPU flash kernels)"
     if backend in LIBRARIES:
         module, requirement = LIBRARIES[backend]
         if device.type != "cuda":

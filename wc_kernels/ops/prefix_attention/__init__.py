@@ -11,15 +11,18 @@ from wc_kernels import _checks
 from wc_kernels._backend import resolve
 from wc_kernels.ops.prefix_attention import naive
 from wc_kernels.ops.prefix_attention.flex import flex_prefix_attention
+from wc_kernels.ops.prefix_attention.sdpa import SDPA_KERNELS
 from wc_kernels.ops.prefix_attention.split import split_prefix_attention
 from wc_kernels.ops.prefix_attention.xformers import xformers_prefix_attention
 
-IMPLEMENTED = ("reference", "triton", "split", "flex", "flash_attn", "xformers")
+IMPLEMENTED = ("reference", "triton", "split", "flex", "flash_attn", "xformers", "sdpa_flash",
+               "sdpa_cudnn", "sdpa_efficient")
 _HALF = (torch.float16, torch.bfloat16)
 # dtypes each fast backend takes ("auto" passes over a backend that cannot take the input)
 DTYPES = {"triton": (*_HALF, torch.float32), "flash_attn": _HALF,
-          "xformers": (*_HALF, torch.float32)}
-MAX_HEAD_DIM = {"triton": 128, "flash_attn": 256}
+          "xformers": (*_HALF, torch.float32), "sdpa_flash": _HALF, "sdpa_cudnn": _HALF,
+          "sdpa_efficient": (*_HALF, torch.float32)}
+MAX_HEAD_DIM = {"triton": 128, "flash_attn": 256, "sdpa_flash": 256, "sdpa_cudnn": 128}
 # FlexAttention's CUDA kernels need D >= 16 (torch 2.11: "NYI: embedding dimension of the
 # query, key, and value must be at least 16"); on CPU it takes any head dim
 FLEX_CUDA_MIN_HEAD_DIM = 16
@@ -46,9 +49,20 @@ def flash_attn_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tenso
     return split_prefix_attention(q, k, v, prefix_k, prefix_v, scale, flash_attn_kernels())
 
 
+def _sdpa_prefix_attention(kind: str):
+    """The split path with SDPA's ``kind`` CUDA kernels as its partials."""
+
+    def attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor,
+                  scale: float) -> Tensor:
+        return split_prefix_attention(q, k, v, prefix_k, prefix_v, scale, SDPA_KERNELS[kind])
+
+    return attention
+
+
 _FAST = {"split": split_prefix_attention, "flex": flex_prefix_attention,
          "triton": triton_prefix_attention, "flash_attn": flash_attn_prefix_attention,
-         "xformers": xformers_prefix_attention}
+         "xformers": xformers_prefix_attention,
+         **{name: _sdpa_prefix_attention(name) for name in SDPA_KERNELS}}
 
 
 def _check_inputs(q, k, v, prefix_k, prefix_v) -> None:
@@ -145,7 +159,9 @@ def prefix_attention(
     ``P = 0``) is attention over the other side alone. Zero heads, a zero head dim, no key at
     all (``Lk + P = 0``) or a NaN or inf ``scale`` raise ``ValueError``.
     The optional ``flash_attn`` and ``xformers`` backends
-    run on CUDA when their library is installed and are chosen by name only.
+    run on CUDA when their library is installed and are chosen by name only, like
+    ``sdpa_flash``, ``sdpa_cudnn`` and ``sdpa_efficient`` (the split path on SDPA's own CUDA
+    kernels: fp16/bf16, and fp32 for ``sdpa_efficient``).
     """
     _check_inputs(q, k, v, prefix_k, prefix_v)
     scale = _check_scale(scale)

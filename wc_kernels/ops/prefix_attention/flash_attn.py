@@ -40,14 +40,15 @@ class FlashAttnKernels:
         names = _parameter_names(interface._flash_attn_backward)
         self.backward_options = {k: v for k, v in _BACKWARD_DEFAULTS.items() if k in names}
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, scale: float
+                ) -> tuple[Tensor, Tensor, tuple]:
         out, lse, _ = self.interface.flash_attn_func(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,
             return_attn_probs=True)
-        return out.transpose(1, 2), lse[..., :q.shape[2]]
+        return out.transpose(1, 2), lse[..., :q.shape[2]], ()
 
     def backward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                 lse: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+                 lse: Tensor, aux: tuple, scale: float) -> tuple[Tensor, Tensor, Tensor]:
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         grads = [torch.empty_like(t) for t in (qt, kt, vt)]
         self.interface._flash_attn_backward(
@@ -55,6 +56,9 @@ class FlashAttnKernels:
             lse.to(torch.float32).contiguous(), *grads, softmax_scale=scale,
             **self.backward_options)
         return tuple(g.transpose(1, 2) for g in grads)
+
+    def prefix_groups(self, b: int, h: int, p: int, device: torch.device) -> int:
+        return 1
 
 
 @functools.cache
