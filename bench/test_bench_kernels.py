@@ -164,8 +164,8 @@ def _grpo_contender(contender: str, inputs: tuple):
     from wc_kernels import grpo_sde_loss
 
     model_output, *rest, ref_output = inputs
-    if contender == "triton":
-        loss_fn = lambda *a, **kw: grpo_sde_loss(*a, **kw, backend="triton")
+    if contender == "triton":  # the sigmas are valid by construction: no host read
+        loss_fn = lambda *a, **kw: grpo_sde_loss(*a, **kw, backend="triton", check_values=False)
     else:
         loss_fn = lambda *a, **kw: reference.grpo_sde_loss(*a, **kw)[0]
         if contender == "compile":

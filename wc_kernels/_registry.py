@@ -49,16 +49,17 @@ TRITON_TWIN = "_triton"
 @dataclass(frozen=True)
 class FusedOp:
     """A registered op (``registered``) and the same implementation for direct eager calls
-    (``direct``, a ``torch.autograd.Function`` with the registered autograd formula)."""
+    (``direct``: under a ``torch.autograd.Function`` with the registered autograd formula for
+    an op with a gradient, a plain call for a backward op)."""
 
     registered: Any
-    direct: type[torch.autograd.Function]
+    direct: Callable
 
     def __call__(self, *args: Any) -> Any:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if may_trace(*tensors):
             return self.registered(*args)
-        return self.direct.apply(*args)
+        return self.direct(*args)
 
 
 def _direct_function(name: str, impl: Callable[[torch.device], Callable], setup_context: Any,
@@ -93,16 +94,17 @@ def define(name: str, launch: Any, native_impl: Any, native: bool) -> Any:
 
 
 def fuse(name: str, op: Any, launch: Any, native_impl: Any, native: bool, *,
-         setup_context: Any, backward: Any) -> FusedOp:
+         setup_context: Any = None, backward: Any = None) -> FusedOp:
     """``op`` (from :func:`define` with ``name`` and the same ``launch``, ``native_impl`` and
-    ``native``, its autograd registered as ``setup_context`` and ``backward``) with its direct
-    eager route: the implementation the op dispatches to for a device, under the same
-    autograd."""
+    ``native``) with its direct eager route: the implementation the op dispatches to for a
+    device, under the op's autograd (``setup_context``, ``backward``) when it has one."""
 
     def impl(device: torch.device) -> Callable:
         return native_impl if device.type == "cpu" and (native or not HAVE_TRITON) else launch
 
-    return FusedOp(op, _direct_function(name, impl, setup_context, backward))
+    if backward is None:
+        return FusedOp(op, lambda *args: impl(args[0].device)(*args))
+    return FusedOp(op, _direct_function(name, impl, setup_context, backward).apply)
 
 
 def _opaque_on_cpu(op: Any) -> None:

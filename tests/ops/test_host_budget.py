@@ -16,13 +16,15 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from wc_kernels import _backend, _registry, flow_noise, nft_loss
+from wc_kernels import _backend, _registry, flow_noise, grpo_sde_loss, nft_loss
 from wc_kernels.ops.flow_noise import library as flow_library
+from wc_kernels.ops.grpo_sde_loss import library as grpo_library
 from wc_kernels.ops.nft_loss import library as nft_library
 
 NATIVE = _backend.native_built()
 NFT_BUDGET = 3  # the op, the autograd seed, the backward's multiply
 FLOW_BUDGET = 3
+GRPO_BUDGET = 6  # measured: 3 (the op, the autograd seed, the backward op)
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -92,6 +94,38 @@ def test_flow_noise_forward_within_budget(host_reads, dtype, with_noise):
     assert not host_reads, host_reads
 
 
+def _grpo_inputs(dtype, with_ref: bool, seed: int = 7):
+    g = torch.Generator().manual_seed(seed)
+    m, x, p, ref = (torch.randn(4, 3, 41, generator=g).to(dtype) for _ in range(4))
+    sigma = torch.tensor([1.0, 0.8, 0.5, 0.3])
+    sigma_next = sigma - 0.05
+    old, adv = torch.randn(4, generator=g) - 60.0, torch.randn(4, generator=g)
+    return m.requires_grad_(), x, p, sigma, sigma_next, old, adv, ref if with_ref else None
+
+
+GRPO_KW = {"noise_level": 0.7, "clip_range": 0.2, "adv_clip_max": 2.0, "sigma_max": 0.98}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_ref", [False, True])
+@pytest.mark.parametrize("return_stats", [False, True])
+def test_grpo_sde_loss_forward_and_backward_within_budget(host_reads, dtype, with_ref,
+                                                          return_stats):
+    m, x, p, sigma, sigma_next, old, adv, ref = _grpo_inputs(dtype, with_ref)
+    kw = dict(GRPO_KW, ref_output=ref, kl_beta=0.1 if with_ref else 0.0,
+              return_stats=return_stats, backend="triton")
+    for check_values, reads_allowed in ((False, 0), (True, 1)):
+        host_reads.clear()
+        with CountOps() as count:
+            out = grpo_sde_loss(m, x, p, sigma, sigma_next, old, adv,
+                                check_values=check_values, **kw)
+            torch.autograd.grad(out[0] if return_stats else out, m)
+        if not check_values:
+            assert len(count.ops) <= GRPO_BUDGET, count.ops
+            assert count.ops[0] == "wc_fast.grpo_sde_loss_fwd_triton.default", count.ops
+        assert len(host_reads) <= reads_allowed, host_reads
+
+
 def _routes(fused: dict, name: str) -> list[_registry.FusedOp]:
     return [fused[name + _registry.TRITON_TWIN]] + ([fused[name]] if NATIVE else [])
 
@@ -117,17 +151,27 @@ def _flow_args(dtype, reduce: bool):
     return (x0, sigmas, noise), [x0, sigmas, noise]
 
 
+def _grpo_args(dtype, with_ref: bool):
+    m, x, p, sigma, sigma_next, old, adv, ref = _grpo_inputs(dtype, with_ref)
+    args = (m, x, p, sigma, sigma_next, old, adv, ref, 0.7, 0.98, 0.2, 2.0,
+            0.1 if with_ref else 0.0)
+    return args, [m]
+
+
 OPS = [(nft_library.FUSED, nft_library.NFT_LOSS, _nft_args),
-       (flow_library.FUSED, flow_library.FLOW_NOISE, _flow_args)]
+       (flow_library.FUSED, flow_library.FLOW_NOISE, _flow_args),
+       (grpo_library.FUSED, grpo_library.GRPO_LOSS, _grpo_args)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("reduce", [True, False])
+@pytest.mark.parametrize("variant", [True, False])
 @pytest.mark.parametrize(("fused", "name", "make"), OPS)
-def test_direct_and_registered_routes_give_the_same_bits(fused, name, make, reduce, dtype):
+def test_direct_and_registered_routes_give_the_same_bits(fused, name, make, variant, dtype):
+    """``variant``: nft_loss reduced or per sample, grpo_sde_loss with or without a reference
+    output (flow_noise has none)."""
     for op in _routes(fused, name):
-        args, grad_of = make(dtype, reduce)
-        direct = _run(op.direct.apply, args, grad_of)
+        args, grad_of = make(dtype, variant)
+        direct = _run(op.direct, args, grad_of)
         registered = _run(op.registered, args, grad_of)
         for a, b in zip(direct, registered, strict=True):
             assert a.dtype == b.dtype and a.shape == b.shape
@@ -142,7 +186,7 @@ def test_direct_route_launches_the_registered_routes_aten_ops(fused, name, make)
         op = fused[name + _registry.TRITON_TWIN]
         args, grad_of = make(torch.float32, True)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            _run(getattr(op, route) if route == "registered" else op.direct.apply, args, grad_of)
+            _run(getattr(op, route), args, grad_of)
         counts.append(collections.Counter(e.name for e in prof.events()
                                           if e.name.startswith("aten::")))
     assert counts[0] == counts[1]

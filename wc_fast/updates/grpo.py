@@ -124,7 +124,9 @@ class GRPOUpdate(Update):
                                     item.advantage[part], noise_level=self.cfg.rollout.sde_noise,
                                     clip_range=gr.clip_range, adv_clip_max=gr.adv_clip_max,
                                     sigma_max=trainer.sampler.sigmas[1], ref_output=ref_output,
-                                    kl_beta=gr.kl_beta, return_stats=True)
+                                    kl_beta=gr.kl_beta, return_stats=True,
+                                    # the sampler's schedule: valid sigmas, no host read
+                                    check_values=False)
         return MicroLoss(loss * (len(part) * scale), flops,
                          None if ref_output is None else kl)
 

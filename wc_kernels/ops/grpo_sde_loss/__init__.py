@@ -14,7 +14,6 @@ from wc_kernels._dtypes import compute_dtype
 from wc_kernels.ops.grpo_sde_loss import naive
 
 IMPLEMENTED = ("reference", "triton", "native")
-LOG_SQRT_2PI = math.log(math.sqrt(2.0 * math.pi))
 
 
 def _check_number(name: str, value: object, *, low: float, strict: bool) -> float:
@@ -33,10 +32,12 @@ def _check_rows(name: str, t: object, model_output: Tensor, what: str) -> None:
 
 
 def _check_step(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigma: Tensor,
-                sigma_next: Tensor, noise_level: float, sigma_max: float | None) -> None:
-    """The SDE step's arguments (shared by both public functions)."""
+                sigma_next: Tensor, noise_level: float, sigma_max: float | None,
+                values: bool = True) -> None:
+    """The SDE step's arguments (shared by both public functions); ``values``: also the
+    sigmas' values (one host read)."""
     _checks.check_tensor("model_output", model_output, min_dim=1)
-    if model_output.shape[0] == 0 or model_output[0].numel() == 0:
+    if model_output.shape[0] == 0 or math.prod(model_output.shape[1:]) == 0:
         raise ValueError(f"model_output must be non-empty [B, ...], got shape "
                          f"{tuple(model_output.shape)}")
     for name, t in (("sample", sample), ("prev_sample", prev_sample)):
@@ -49,7 +50,8 @@ def _check_step(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigma
         if sigma_max >= 1.0:
             raise ValueError(f"sigma_max must be < 1 (the schedule's second sigma), got "
                              f"{sigma_max!r}")
-    _check_sigma_values(sigma, sigma_next, sigma_max)
+    if values:
+        _check_sigma_values(sigma, sigma_next, sigma_max)
 
 
 def _check_sigma_values(sigma: Tensor, sigma_next: Tensor, sigma_max: float | None) -> None:
@@ -78,32 +80,23 @@ def _check_sigma_values(sigma: Tensor, sigma_next: Tensor, sigma_max: float | No
                          "std noise_level * sqrt(sigma / (1 - sigma)) is infinite there")
 
 
-def _step_coefficients(sigma: Tensor, sigma_next: Tensor, noise_level: float,
-                       sigma_max: float | None, acc: torch.dtype
-                       ) -> tuple[Tensor, Tensor, Tensor]:
-    """``std [B]``, ``-dt [B]`` and ``coef [B, 2]`` = ``(a, c)`` with the step's mean
-    ``a * sample + c * model_output``, in ``acc``."""
-    sig, sig_next = sigma.detach().to(acc), sigma_next.detach().to(acc)
-    std = naive.sde_std(sig, noise_level, sigma_max)
-    dt = sig_next - sig
-    var = std * std
-    a = 1.0 + var / (2.0 * sig) * dt
-    c = (1.0 + var * (1.0 - sig) / (2.0 * sig)) * dt
-    return std, -dt, torch.stack([a, c], dim=1)
-
-
 def _fused_stats(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigma: Tensor,
                  sigma_next: Tensor, ref_output: Tensor | None, noise_level: float,
                  sigma_max: float | None, backend: str) -> tuple[Tensor, Tensor]:
     """``log_prob [B]`` and ``kl [B]`` from one fused pass of ``backend`` ("triton" or
     "native") over the rows (``kl`` zero without ``ref_output``)."""
     from wc_kernels._registry import op_for
-    from wc_kernels.ops.grpo_sde_loss.library import OPS, SDE_SUMS
+    from wc_kernels.ops.grpo_sde_loss.library import (
+        LOG_SQRT_2PI,
+        OPS,
+        SDE_SUMS,
+        step_coefficients,
+    )
 
     acc = compute_dtype(model_output.dtype)
     b = model_output.shape[0]
-    d = model_output[0].numel()
-    std, neg_dt, coef = _step_coefficients(sigma, sigma_next, noise_level, sigma_max, acc)
+    d = math.prod(model_output.shape[1:])
+    std, neg_dt, coef = step_coefficients(sigma, sigma_next, noise_level, sigma_max, acc)
     ref = None if ref_output is None else ref_output.detach().reshape(b, -1)
     op = op_for(SDE_SUMS, backend, model_output.device, OPS)
     sums = op(model_output.reshape(b, -1), sample.detach().reshape(b, -1),
@@ -140,22 +133,12 @@ def sde_log_prob(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigm
     return log_prob
 
 
-def _ppo_loss(log_prob: Tensor, kl: Tensor, old_log_prob: Tensor, advantage: Tensor,
-              clip_range: float, adv_clip_max: float, kl_beta: float) -> Tensor:
-    """``mean_b(max(-A r, -A clamp(r, 1 +- clip_range))) + kl_beta * mean_b(kl)``."""
-    ratio = torch.exp(log_prob - old_log_prob.detach().to(log_prob.dtype))
-    adv = advantage.detach().to(log_prob.dtype).clamp(-adv_clip_max, adv_clip_max)
-    per_sample = torch.maximum(-adv * ratio,
-                               -adv * ratio.clamp(1.0 - clip_range, 1.0 + clip_range))
-    return per_sample.mean() + kl_beta * kl.mean()
-
-
 def grpo_sde_loss(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sigma: Tensor,
                   sigma_next: Tensor, old_log_prob: Tensor, advantage: Tensor, *,
                   noise_level: float, clip_range: float, adv_clip_max: float,
                   sigma_max: float | None = None, ref_output: Tensor | None = None,
-                  kl_beta: float = 0.0, return_stats: bool = False, backend: str = "auto"
-                  ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+                  kl_beta: float = 0.0, return_stats: bool = False, backend: str = "auto",
+                  check_values: bool = True) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """GRPO's PPO-clipped loss on the SDE step's log-probability, plus ``kl_beta`` times the
     KL to a reference model (docs/design.md section 8).
 
@@ -164,9 +147,16 @@ def grpo_sde_loss(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sig
     is non-zero). Returns the scalar loss (fp32, fp64 for fp64 inputs); with
     ``return_stats=True`` also the detached ``log_prob [B]`` and ``kl [B]`` (zeros without
     ``ref_output``) for logging. Only ``model_output`` receives a gradient.
-    ``backend="triton"`` / ``"native"`` read the rows once forward and once backward.
+    ``backend="triton"`` / ``"native"`` run the fused op ``wc_fast::grpo_sde_loss_fwd``
+    (:mod:`wc_kernels.ops.grpo_sde_loss.library`): the rows are read once forward (with the
+    per-row epilogue, ratio, clipping and KL in a second, one-program kernel on Triton) and
+    once backward, in one kernel that reads the upstream gradient on the device; in plain
+    eager code the kernels are called directly, compiled or traced the op is one node.
+    ``check_values=False`` skips the one host read that checks the sigmas' values (a device
+    sync on CUDA), for callers that validated them already.
     """
-    _check_step(model_output, sample, prev_sample, sigma, sigma_next, noise_level, sigma_max)
+    _check_step(model_output, sample, prev_sample, sigma, sigma_next, noise_level, sigma_max,
+                check_values)
     _check_rows("old_log_prob", old_log_prob, model_output, "the sampler's log-probability")
     _check_rows("advantage", advantage, model_output, "one advantage per sample")
     _check_number("clip_range", clip_range, low=0.0, strict=False)
@@ -184,9 +174,14 @@ def grpo_sde_loss(model_output: Tensor, sample: Tensor, prev_sample: Tensor, sig
             old_log_prob, advantage, noise_level=float(noise_level),
             clip_range=float(clip_range), adv_clip_max=float(adv_clip_max),
             sigma_max=sigma_max, ref_output=ref_output, kl_beta=float(kl_beta))
-    else:
-        log_prob, kl = _fused_stats(model_output, sample, prev_sample, sigma, sigma_next,
-                                    ref_output, float(noise_level), sigma_max, chosen)
-        loss = _ppo_loss(log_prob, kl, old_log_prob, advantage, float(clip_range),
-                         float(adv_clip_max), float(kl_beta))
-    return (loss, log_prob.detach(), kl.detach()) if return_stats else loss
+        return (loss, log_prob.detach(), kl.detach()) if return_stats else loss
+    from wc_kernels._registry import op_for
+    from wc_kernels.ops.grpo_sde_loss.library import FUSED, GRPO_LOSS
+
+    op = op_for(GRPO_LOSS, chosen, model_output.device, FUSED)
+    # log_prob and kl come out without a gradient (non-differentiable outputs of the op)
+    loss, log_prob, kl, _ = op(model_output, sample, prev_sample, sigma, sigma_next,
+                               old_log_prob, advantage, ref_output, float(noise_level),
+                               None if sigma_max is None else float(sigma_max),
+                               float(clip_range), float(adv_clip_max), float(kl_beta))
+    return (loss, log_prob, kl) if return_stats else loss
