@@ -198,3 +198,47 @@ def test_grpo_sde_loss_and_grad(benchmark, grpo_inputs, contender):
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
     benchmark.pedantic(fn, rounds=10, warmup_rounds=1)
     _record(benchmark, group, contender)
+
+
+def _host_cost_call(op: str, route: str):
+    """One call of ``op``'s native fused op with its backward at 8 x 64 fp32, through the
+    direct eager route or the registered ``torch.library`` op."""
+    from wc_kernels.ops.flow_noise.library import FLOW_NOISE
+    from wc_kernels.ops.flow_noise.library import FUSED as FLOW
+    from wc_kernels.ops.grpo_sde_loss.library import FUSED as GRPO
+    from wc_kernels.ops.grpo_sde_loss.library import GRPO_LOSS
+    from wc_kernels.ops.nft_loss.library import FUSED as NFT
+    from wc_kernels.ops.nft_loss.library import NFT_LOSS
+
+    gen = torch.Generator().manual_seed(0)
+    make = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    leaf = make(8, 64).requires_grad_()
+    if op == "nft_loss":
+        fused, args = NFT[NFT_LOSS], (leaf, make(8, 64), make(8, 64), torch.rand(8), None, 1.0,
+                                      False, 0.125, True)
+    elif op == "flow_noise":
+        leaf = make(2, 64).requires_grad_()
+        fused, args = FLOW[FLOW_NOISE], (leaf, torch.rand(2, 4), make(8, 64))
+    else:
+        sigma = torch.linspace(0.9, 0.2, 8)
+        fused, args = GRPO[GRPO_LOSS], (leaf, make(8, 64), make(8, 64), sigma, sigma - 0.05,
+                                        make(8) - 60.0, make(8), None, 0.7, 0.98, 0.2, 2.0, 0.0)
+    call = fused.direct if route == "direct" else fused.registered
+
+    def run():
+        out = call(*args)
+        return torch.autograd.grad(out[0], leaf, torch.ones_like(out[0]))
+
+    return run
+
+
+@pytest.mark.parametrize("route", ["direct", "registered"])
+@pytest.mark.parametrize("op", ["nft_loss", "flow_noise", "grpo_sde_loss"])
+def test_host_cost(benchmark, op, route):
+    """Host time of one fused call with its backward at a size where the call is nearly all
+    host cost: the direct eager route against the registered op (the same native kernels)."""
+    benchmark.group = f"host cost {op} 8x64 fp32 native"
+    run = _host_cost_call(op, route)
+    run()
+    benchmark(run)
+    _record(benchmark, benchmark.group, route)

@@ -11,9 +11,10 @@ every contender computes the same thing: the per-sample NFT loss and its gradien
 loss (with a reference output) and its gradient w.r.t. ``model_output`` (the public
 ``grpo_sde_loss`` for ``triton``: a read-only forward pass, then the gradient pass). One timed round
 is ``REPEAT`` calls and a ``torch.cuda.synchronize()``. ``extra_info`` holds the time per call,
-the achieved bandwidth counting each input read once and each output written once (so the x0
-loss, which reads its inputs twice, reports an effective figure), and that bandwidth as a
-percentage of a measured device-to-device copy (bytes read + written); then the same bytes
+the bandwidth over the bytes the fused kernels actually move (every pass counted: the x0 loss
+reads its three inputs twice and writes the gradient, 7 row-sized transfers; the GRPO loss
+reads four inputs forward and again backward and writes the gradient, 9), and that bandwidth
+as a percentage of a measured device-to-device copy (bytes read + written); then the same bytes
 over the device time alone (``device_us_per_call``, ``kernel_pct_of_copy``: kernels and copies
 summed by ``torch.profiler`` over one round, without the host time between them), which tells
 a slow kernel from a call bound by host time.
@@ -136,7 +137,7 @@ def test_nft_loss_and_grad(benchmark, nft_inputs, space, contender, copy_bandwid
     torch.testing.assert_close(loss, want_loss, rtol=1e-4, atol=0)
     torch.testing.assert_close(grad, want_grad, rtol=1e-2, atol=1e-2 * want_grad.abs().max())
     elem = inputs[0].element_size()
-    _bench(benchmark, fn, 4 * b * d * elem, copy_bandwidth)
+    _bench(benchmark, fn, (7 if space == "x0" else 4) * b * d * elem, copy_bandwidth)
 
 
 @pytest.mark.parametrize("contender", CONTENDERS)
@@ -199,5 +200,5 @@ def test_grpo_sde_loss_and_grad(benchmark, dtype, contender, copy_bandwidth):
     want_loss, want_grad = _grpo_contender("eager", inputs)()
     torch.testing.assert_close(loss, want_loss, rtol=1e-3, atol=1e-5)
     torch.testing.assert_close(grad, want_grad, rtol=1e-2, atol=1e-2 * want_grad.abs().max())
-    # four inputs read and one gradient written (the fused op reads the inputs twice)
-    _bench(benchmark, fn, 5 * b * d * model_output.element_size(), copy_bandwidth)
+    # four inputs read forward and again backward, one gradient written
+    _bench(benchmark, fn, 9 * b * d * model_output.element_size(), copy_bandwidth)

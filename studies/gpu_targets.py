@@ -28,6 +28,7 @@ SOURCES = ("benchmark", "rl_iteration", "wan_iteration", "gpu_tests")
 FORMATS: dict[str, Callable[[float], str]] = {
     "median": lambda v: f"{v * 1e3:.3f} ms/round",
     "peak_mib": lambda v: f"{v:.1f} MiB",
+    "pct_of_copy": lambda v: f"{v:.1f}% of a copy per call",
     "total_s": lambda v: f"{v:.2f} s/iter",
     "failed": lambda v: f"{v:.0f} failed",
     "passed": lambda v: f"{v:.0f} passed",
@@ -173,16 +174,16 @@ def _name(test: str, *params: str) -> str:
     return f"{test}[{'-'.join(params)}]"
 
 
-def _fused(label: str, test: str, params: tuple[str, ...], pct: float) -> tuple[Target, ...]:
-    """A fused op's targets: ``pct`` % of a device copy per call and in its kernels alone
-    (device time, without the host time between them), and 1.5x ``torch.compile``."""
+def _fused(label: str, test: str, params: tuple[str, ...]) -> tuple[Target, ...]:
+    """A fused op's targets: its kernels alone (device time, without the host time between
+    them) at 80% of a device copy over the bytes they actually move, and each call (the
+    per-call % of a copy shown beside it) 1.5x ``torch.compile``."""
     ours = _name(test, *params, OURS)
-    return (Target(f"{label}: % of a device copy's bandwidth",
-                   Figure("benchmark", "pct_of_copy", ours), pct, "%"),
-            Target(f"{label}: the same, kernels alone",
-                   Figure("benchmark", "kernel_pct_of_copy", ours), pct, "%"),
+    return (Target(f"{label}: kernels alone, % of a device copy",
+                   Figure("benchmark", "kernel_pct_of_copy", ours), 80.0, "%"),
             Target(f"{label}: speed vs torch.compile", Figure("benchmark", "median", ours), 1.5,
-                   "x", baseline=Figure("benchmark", "median", _name(test, *params, "compile"))))
+                   "x", baseline=Figure("benchmark", "median", _name(test, *params, "compile")),
+                   shown=(Figure("benchmark", "pct_of_copy", ours),)))
 
 
 def _prefix_attention(d: int) -> tuple[Target, ...]:
@@ -210,10 +211,10 @@ def _wan(variant: str) -> Target:
 
 TARGETS: tuple[Target, ...] = (
     *(t for dt in DTYPES for space in ("velocity", "x0")
-      for t in _fused(f"nft_loss+grad {dt} {space}", "test_nft_loss_and_grad", (dt, space), 75.0)),
-    *(t for dt in DTYPES for t in _fused(f"flow_noise {dt}", "test_flow_noise", (dt,), 75.0)),
+      for t in _fused(f"nft_loss+grad {dt} {space}", "test_nft_loss_and_grad", (dt, space))),
+    *(t for dt in DTYPES for t in _fused(f"flow_noise {dt}", "test_flow_noise", (dt,))),
     *(t for dt in DTYPES
-      for t in _fused(f"grpo_sde_loss+grad {dt}", "test_grpo_sde_loss_and_grad", (dt,), 70.0)),
+      for t in _fused(f"grpo_sde_loss+grad {dt}", "test_grpo_sde_loss_and_grad", (dt,))),
     *(t for d in (32, 64, 128) for t in _prefix_attention(d)),
     Target("model forward G=16: shared prefix vs replicated",
            Figure("benchmark", "median", "test_shared", group_has=("prefix-forward-G16-n8",)),
