@@ -14,7 +14,8 @@ cache terms measured on the tiny model and scaled.
    an upper bound for the one block a checkpointed backward reruns.
 3. The history cache's bytes (``ContextCache.nbytes``) of the tiny model against the formula
    ``2 (k, v) x blocks x 2 branches x tokens x width x bytes``.
-4. The table: per GPU, fp32 weights of the model and of the old (EMA) model, fp32 gradients and
+4. The table: per GPU, fp32 weights of the model and of the old (EMA) model (for a LoRA run the
+   old model holds only the trained weights, over the model's frozen base), fp32 gradients and
    optimizer states of what trains (Muon: one momentum for the blocks' matrices, AdamW: two
    moments for the rest), activations of one micro-batch with checkpointing, and the shared
    history cache in bf16 against one replicated per candidate.
@@ -113,14 +114,17 @@ def main() -> None:
         # model and old model fp32, sharded over 8 ranks
         "worldplay (8 GPUs, FSDP2)": dict(shards=8, weights=2 * 4 * total, trained=total,
                                           muon=muon, act=act),
-        # as built: the old model is a whole fp32 copy of the model, frozen base included
-        "worldplay_lora (1 GPU)": dict(shards=1, weights=2 * 4 * total, trained=trained_lora,
-                                       muon=0, act=act),
-        # not built: one bf16 frozen base shared by model and old model, fp32 trained weights
-        # in each, micro-batches of 4 clips
-        "worldplay_lora, shared bf16 base, micro_batch 4 (not built)": dict(
-            shards=1, weights=2 * total + 2 * 4 * trained_lora, trained=trained_lora, muon=0,
-            act=act / 2),
+        # as built: the old model copies only the trained weights over the model's fp32
+        # frozen base (wc_fast.optim.frozen_copy); with nft.kl_beta the reference copies them
+        # once more
+        "worldplay_lora (1 GPU)": dict(shards=1, weights=4 * total + 4 * trained_lora,
+                                       trained=trained_lora, muon=0, act=act),
+        "worldplay_lora with a KL (1 GPU)": dict(shards=1, weights=4 * total + 8 * trained_lora,
+                                                 trained=trained_lora, muon=0, act=act),
+        # not built: the frozen base in bf16, micro-batches of 4 clips
+        "worldplay_lora, bf16 frozen base, micro_batch 4 (not built)": dict(
+            shards=1, weights=2 * (total - trained_lora) + 2 * 4 * trained_lora,
+            trained=trained_lora, muon=0, act=act / 2),
     }
     print("\n| preset | weights (model + old) | gradients | optimizer | activations | cache "
           "| total |")

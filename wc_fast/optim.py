@@ -8,6 +8,7 @@ WorldCompass code and common Muon practice. The model says which weights are hid
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 
 import torch
@@ -133,6 +134,20 @@ def freeze_untrained(model: WorldModel, trainable: str) -> None:
     keep = {id(p) for p in model.conditioning_parameters()}
     for p in model.parameters():
         p.requires_grad_(id(p) in keep)
+
+
+def frozen_copy(model: WorldModel, *, share_untrained: bool = True) -> WorldModel:
+    """A copy of ``model`` that does not train (eval mode, no gradients): the old model of an
+    update, the reference of a KL.
+
+    With ``share_untrained`` it holds its own copy of only the weights ``model`` trains
+    (``requires_grad``) and shares every other parameter with ``model`` (the same tensors),
+    so a run that trains a subset (LoRA adapters, the conditioning pathway) keeps its frozen
+    base once however many such copies it has; buffers are copied. Without it (FSDP2, which
+    shards each module's own parameters) the copy is whole.
+    """
+    memo = {id(p): p for p in model.parameters() if share_untrained and not p.requires_grad}
+    return copy.deepcopy(model, memo).eval().requires_grad_(False)
 
 
 def build_optimizers(model: WorldModel, cfg: OptimConfig, *, grouped: bool = True

@@ -26,7 +26,6 @@ motion on each candidate of a group, so that candidates differ in how they move
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 import time
@@ -47,7 +46,7 @@ from wc_fast.ema import ema_update
 from wc_fast.evaluation.floor import sequence_scenes
 from wc_fast.models import ContextCache, FrameCodec, PixelFrames, WorldModel
 from wc_fast.models.protocol import check_world_model
-from wc_fast.optim import build_optimizers, freeze_untrained
+from wc_fast.optim import build_optimizers, freeze_untrained, frozen_copy
 from wc_fast.rewards import (
     action_accuracy,
     interaction_score,
@@ -203,10 +202,12 @@ class Trainer:
         self.rank, self.world_size, self.process_group = rank, world_size, process_group
         self.sharded = cfg.train.distributed == "fsdp2" and world_size > 1
         self.model = model.to(device).train()
-        self.old = copy.deepcopy(self.model).eval().requires_grad_(False)
-        # a frozen copy of the initial model the rule's loss compares against, if any
-        self.ref = self.rule.reference(self.model)
         freeze_untrained(self.model, cfg.optim.trainable)
+        # the old (rollout) model and the frozen initial model the rule's loss compares
+        # against, if any: copies of the trained weights over the model's own frozen ones
+        # (whole copies under FSDP2, which shards each module's parameters)
+        self.old = frozen_copy(self.model, share_untrained=not self.sharded)
+        self.ref = self.rule.reference(self.model, share_untrained=not self.sharded)
         # the state-dict names of the weights this run trains (set before sharding, which
         # keeps the names)
         self.trained = frozenset(name for name, p in self.model.named_parameters()

@@ -9,7 +9,6 @@ never asks which rule it holds.
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -20,6 +19,7 @@ from torch import Tensor
 from wc_fast.config import Config
 from wc_fast.ema import ema_decay
 from wc_fast.models import ContextCache, WorldModel
+from wc_fast.optim import frozen_copy
 from wc_fast.rollout import GroupRollout
 
 if TYPE_CHECKING:
@@ -60,13 +60,15 @@ class Update(ABC):
         """Weight of the loss's KL to the frozen initial model (0: none, no reference kept)."""
         return 0.0
 
-    def reference(self, model: WorldModel) -> WorldModel | None:
+    def reference(self, model: WorldModel, *, share_untrained: bool = True
+                  ) -> WorldModel | None:
         """The KL's reference, a frozen copy of the initial ``model`` built before training
-        (sharded and compiled with the others; a resumed run rebuilds it from the init), or
-        ``None`` without a KL."""
+        (:func:`~wc_fast.optim.frozen_copy`: the trained weights copied, the rest shared with
+        ``share_untrained``; sharded and compiled with the others; a resumed run rebuilds it
+        from the init), or ``None`` without a KL."""
         if self.kl_beta <= 0:
             return None
-        return copy.deepcopy(model).eval().requires_grad_(False)
+        return frozen_copy(model, share_untrained=share_untrained)
 
     @abstractmethod
     def rollout_fn(self) -> Callable[..., GroupRollout]:

@@ -1,0 +1,116 @@
+"""The old model and the KL's reference hold copies of the trained weights only, over the
+current model's own frozen weights (``wc_fast.optim.frozen_copy``), and training is bit for
+bit what it was with whole copies.
+
+The tiny base's recipe trains only the conditioning pathway (``optim.trainable
+conditioning``), so the backbone is held once instead of three times; 3 iterations of NFT and
+GRPO, with and without a KL to the initial model, against the same runs with whole copies.
+"""
+
+import pytest
+import torch
+
+from wc_fast import config as config_lib
+from wc_fast import optim
+from wc_fast.models import TinyWorldDiT
+from wc_fast.trainer import Trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+RULES = {
+    "nft": {},
+    "nft_kl": {"nft.kl_beta": "0.1"},
+    "grpo": {"train.update": "flow_grpo"},
+    "grpo_kl": {"train.update": "flow_grpo", "grpo.kl_beta": "0.05"},
+}
+
+
+def _config(overrides: dict[str, str]) -> config_lib.Config:
+    """The smoke preset training the conditioning pathway, as the recipe does on the shipped
+    base (smoke's random model stands in for it: see :func:`_model`)."""
+    cfg = config_lib.preset("smoke")
+    for key, value in overrides.items():
+        config_lib.apply_override(cfg, key, value)
+    config_lib.validate(cfg)
+    cfg.optim.trainable = "conditioning"
+    return cfg
+
+
+def _model(cfg: config_lib.Config) -> TinyWorldDiT:
+    """A random smoke model whose zero-initialised layers (the output head among them) are
+    drawn too, so that the conditioning pathway gets a gradient, as on a pretrained base."""
+    torch.manual_seed(cfg.train.seed)
+    model = TinyWorldDiT(cfg.model)
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.any():
+                p.normal_(0.0, 0.02)
+    return model
+
+
+def _run(overrides: dict[str, str], steps: int = 3) -> tuple[Trainer, list]:
+    cfg = _config(overrides)
+    trainer = Trainer(cfg, _model(cfg), torch.device("cpu"))
+    rows = [trainer.iteration(step) for step in range(steps)]
+    return trainer, rows
+
+
+def _whole_copies(monkeypatch) -> None:
+    real = optim.frozen_copy
+    for module in ("wc_fast.trainer", "wc_fast.updates.base"):
+        monkeypatch.setattr(f"{module}.frozen_copy",
+                            lambda model, share_untrained=True, real=real: real(
+                                model, share_untrained=False))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", list(RULES))
+def test_three_iterations_equal_whole_copies_bit_for_bit(monkeypatch, rule):
+    shared, shared_rows = _run(RULES[rule])
+    with monkeypatch.context() as patch:
+        _whole_copies(patch)
+        whole, whole_rows = _run(RULES[rule])
+    assert whole.old.state_dict().keys() == shared.old.state_dict().keys()
+    assert not _shares(whole.old, whole.model)
+    for key in ("loss", "kl", "if_mean", "vq_mean", "r_std", "skipped_updates"):
+        got = [getattr(row, key) for row in shared_rows]
+        assert got == [getattr(row, key) for row in whole_rows], key
+    assert all(row.loss is not None and row.skipped_updates == 0 for row in shared_rows)
+    for name in ("model", "old", "ref"):
+        a, b = getattr(shared, name), getattr(whole, name)
+        if a is None:
+            assert b is None and "kl" not in rule
+            continue
+        for (key, x), y in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+            assert torch.equal(x, y), f"{name}.{key}"
+
+
+def _shares(copy: torch.nn.Module, model: torch.nn.Module) -> set[str]:
+    """Names of ``copy``'s parameters that are ``model``'s own tensors."""
+    own = {p.data_ptr() for p in model.parameters()}
+    return {name for name, p in copy.named_parameters() if p.data_ptr() in own}
+
+
+@pytest.mark.parametrize("kl", [False, True])
+def test_old_and_reference_share_the_frozen_weights(kl):
+    cfg = _config({"nft.kl_beta": "0.1"} if kl else {})
+    trainer = Trainer(cfg, _model(cfg), torch.device("cpu"))
+    frozen = {n for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    trained = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert frozen and trained
+    copies = [trainer.old] + ([trainer.ref] if kl else [])
+    assert (trainer.ref is not None) == kl
+    for copy in copies:
+        assert _shares(copy, trainer.model) == frozen
+        assert not any(p.requires_grad for p in copy.parameters())
+        assert not copy.training
+    held = {p.data_ptr() for m in (trainer.model, *copies) for p in m.parameters()}
+    count = {id(p) for p in trainer.model.parameters()}
+    assert len(held) == len(count) + len(copies) * len(trained)
+
+
+def test_full_training_keeps_whole_copies():
+    cfg = _config({})
+    cfg.optim.trainable = "all"
+    trainer = Trainer(cfg, _model(cfg), torch.device("cpu"))
+    assert not _shares(trainer.old, trainer.model)
