@@ -110,21 +110,26 @@ def main() -> None:
     print(f"history cache at {cache_tokens} tokens, bf16: {cache / GB:.1f} GB shared, "
           f"{12 * cache / GB:.1f} GB replicated for 12 candidates")
     trained_lora = lora + cond
+
+    def lora_weights(copies: int) -> float:
+        """The LoRA model (frozen block matrices bf16, the rest fp32) and ``copies`` fp32
+        copies of its trained weights (the old model; the reference)."""
+        return 2 * muon + 4 * (total - muon) + copies * 4 * trained_lora
+
     rows = {
         # model and old model fp32, sharded over 8 ranks
         "worldplay (8 GPUs, FSDP2)": dict(shards=8, weights=2 * 4 * total, trained=total,
                                           muon=muon, act=act),
-        # as built: the old model copies only the trained weights over the model's fp32
-        # frozen base (wc_fast.optim.frozen_copy); with nft.kl_beta the reference copies them
-        # once more
-        "worldplay_lora (1 GPU)": dict(shards=1, weights=4 * total + 4 * trained_lora,
-                                       trained=trained_lora, muon=0, act=act),
-        "worldplay_lora with a KL (1 GPU)": dict(shards=1, weights=4 * total + 8 * trained_lora,
-                                                 trained=trained_lora, muon=0, act=act),
-        # not built: the frozen base in bf16, micro-batches of 4 clips
-        "worldplay_lora, bf16 frozen base, micro_batch 4 (not built)": dict(
-            shards=1, weights=2 * (total - trained_lora) + 2 * 4 * trained_lora,
-            trained=trained_lora, muon=0, act=act / 2),
+        # as built: the frozen block matrices in bf16 (optim.hold_frozen_matrices_in), the
+        # rest of the model fp32; the old model copies only the trained weights over the
+        # model's frozen ones (optim.frozen_copy), and with nft.kl_beta the reference too;
+        # the preset's micro-batches of 4 clips
+        "worldplay_lora (1 GPU)": dict(shards=1, weights=lora_weights(1), trained=trained_lora,
+                                       muon=0, act=act / 2),
+        "worldplay_lora with a KL (1 GPU)": dict(shards=1, weights=lora_weights(2),
+                                                 trained=trained_lora, muon=0, act=act / 2),
+        "worldplay_lora at micro_batch 8": dict(shards=1, weights=lora_weights(1),
+                                                trained=trained_lora, muon=0, act=act),
     }
     print("\n| preset | weights (model + old) | gradients | optimizer | activations | cache "
           "| total |")

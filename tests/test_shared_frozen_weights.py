@@ -114,3 +114,47 @@ def test_full_training_keeps_whole_copies():
     cfg.optim.trainable = "all"
     trainer = Trainer(cfg, _model(cfg), torch.device("cpu"))
     assert not _shares(trainer.old, trainer.model)
+
+
+BF16_MODELS = {
+    "tiny": {"model.dtype": "bfloat16"},
+    "wan": {"model.dtype": "bfloat16", "model.backbone": "wan", "model.reference_frame": "false",
+            "model.dim": "24", "model.heads": "2", "model.depth": "1"},
+}
+
+
+def _bf16_run(overrides: dict[str, str], steps: int = 2) -> tuple[Trainer, list]:
+    from wc_fast.models.pretrained import new_world_model
+
+    cfg = _config(overrides)
+    torch.manual_seed(cfg.train.seed)
+    model = new_world_model(cfg.model, seed=cfg.train.seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.any():
+                p.normal_(0.0, 0.02)
+    trainer = Trainer(cfg, model, torch.device("cpu"))
+    return trainer, [trainer.iteration(step) for step in range(steps)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone", list(BF16_MODELS))
+def test_frozen_block_matrices_in_bf16_train_bit_for_bit_as_fp32(monkeypatch, backbone):
+    """A bf16 model that trains its conditioning holds its frozen block matrices in bf16 (the
+    autocast dtype) and trains exactly as with fp32 ones (whose values, rounded, they are)."""
+    held, held_rows = _bf16_run(BF16_MODELS[backbone])
+    hidden = {id(p) for p in held.model.hidden_matrices()}
+    in_blocks = [p for unit in held.model.shard_units() for p in unit.parameters()
+                 if id(p) in hidden and not p.requires_grad]
+    assert in_blocks and all(p.dtype == torch.bfloat16 for p in in_blocks)
+    assert all(p.dtype == torch.float32 for p in held.model.parameters() if p.requires_grad)
+    with monkeypatch.context() as patch:
+        patch.setattr("wc_fast.trainer.hold_frozen_matrices_in", lambda model, dtype: 0)
+        fp32, fp32_rows = _bf16_run(BF16_MODELS[backbone])
+    assert all(p.dtype == torch.float32 for p in fp32.model.parameters())
+    assert [r.loss for r in held_rows] == [r.loss for r in fp32_rows]
+    assert all(r.loss is not None for r in held_rows)
+    for name in ("model", "old"):
+        for (key, x), y in zip(getattr(held, name).state_dict().items(),
+                               getattr(fp32, name).state_dict().values(), strict=True):
+            assert torch.equal(x, y.to(x.dtype)), f"{name}.{key}"

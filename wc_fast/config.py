@@ -702,11 +702,14 @@ def _worldplay() -> Config:
 
 def _worldplay_lora() -> Config:
     # the same on one 80 GB GPU: LoRA adapters of rank 64 on the image stream, the
-    # conditioning trained whole, the backbone frozen (docs/design.md, memory per GPU)
+    # conditioning trained whole, the backbone frozen (its block matrices held in bf16), the
+    # update in micro-batches of 4 clips (estimated 73 GB; 8 would need 83: docs/design.md,
+    # memory per GPU)
     cfg = _worldplay()
     cfg.preset = "worldplay_lora"
     cfg.model.lora_rank = 64
     cfg.train.distributed = "ddp"
+    cfg.nft.micro_batch = 4
     return cfg
 
 

@@ -46,7 +46,13 @@ from wc_fast.ema import ema_update
 from wc_fast.evaluation.floor import sequence_scenes
 from wc_fast.models import ContextCache, FrameCodec, PixelFrames, WorldModel
 from wc_fast.models.protocol import check_world_model
-from wc_fast.optim import build_optimizers, freeze_untrained, frozen_copy
+from wc_fast.models.tiny_dit import DTYPES
+from wc_fast.optim import (
+    build_optimizers,
+    freeze_untrained,
+    frozen_copy,
+    hold_frozen_matrices_in,
+)
 from wc_fast.rewards import (
     action_accuracy,
     interaction_score,
@@ -203,15 +209,18 @@ class Trainer:
         self.sharded = cfg.train.distributed == "fsdp2" and world_size > 1
         self.model = model.to(device).train()
         freeze_untrained(self.model, cfg.optim.trainable)
+        # the state-dict names of the weights this run trains (set before sharding, which
+        # keeps the names)
+        self.trained = frozenset(name for name, p in self.model.named_parameters()
+                                 if p.requires_grad)
+        if not self.sharded:
+            self.frozen_base  # noqa: B018 - a LoRA checkpoint names the base as loaded
+            hold_frozen_matrices_in(self.model, DTYPES[cfg.model.dtype])
         # the old (rollout) model and the frozen initial model the rule's loss compares
         # against, if any: copies of the trained weights over the model's own frozen ones
         # (whole copies under FSDP2, which shards each module's parameters)
         self.old = frozen_copy(self.model, share_untrained=not self.sharded)
         self.ref = self.rule.reference(self.model, share_untrained=not self.sharded)
-        # the state-dict names of the weights this run trains (set before sharding, which
-        # keeps the names)
-        self.trained = frozenset(name for name, p in self.model.named_parameters()
-                                 if p.requires_grad)
         if self.sharded:
             for module in (self.model, self.old, self.ref):
                 if module is not None:
