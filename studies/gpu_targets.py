@@ -98,6 +98,8 @@ class Figure:
             raise Missing("no rl_iteration result")
         if not str(data.get("device", "")).startswith("cuda"):
             raise Missing(f"rl_iteration ran on {data.get('device')}, not a GPU")
+        if data.get(self.key) is None:
+            raise Missing(f"rl_iteration records no {self.key}")
         return data[self.key]
 
     def _wan_iteration(self, results: Results) -> float:
@@ -220,6 +222,8 @@ TARGETS: tuple[Target, ...] = (
            Figure("benchmark", "median", "test_shared", group_has=("prefix-forward-G16-n8",)),
            1.0, "x", baseline=Figure("benchmark", "median", "test_replicated",
                                      group_has=("prefix-forward-G16-n8",))),
+    Target("RL iteration vs a batched eager loop", Figure("rl_iteration", "speedup_vs_batched"),
+           1.3, "x"),
     Target("RL iteration vs the official-style baseline", Figure("rl_iteration", "speedup"),
            5.0, "x"),
     *(_wan(variant) for variant in WAN_VARIANTS),

@@ -19,15 +19,19 @@ def _load(name: str = "rl_iteration"):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_rl_iteration_writes_both_sides_phase_times_and_flop_rates(tmp_path, dtype):
+def test_rl_iteration_writes_every_sides_phase_times_and_flop_rates(tmp_path, dtype):
     out = tmp_path / "rl.json"
     assert _load().main(["--preset", "smoke", "--device", "cpu", "--json", str(out),
                          "--set", f"model.dtype={dtype}"]) == 0
     result = json.loads(out.read_text())
-    assert set(result["ours_phases_s"]) == set(result["official_style_phases_s"])
+    assert set(result["ours_phases_s"]) == set(result["official_style_phases_s"]) \
+        == set(result["batched_eager_phases_s"])
     assert {"rollout", "reward", "train"} <= set(result["ours_phases_s"])
     assert all(v > 0 for v in result["ours_phases_s"].values())
+    assert all(v > 0 for v in result["batched_eager_phases_s"].values())
     assert result["speedup"] == pytest.approx(result["official_style_s"] / result["ours_s"])
+    assert result["speedup_vs_batched"] == pytest.approx(
+        result["batched_eager_s"] / result["ours_s"])
     assert result["compute_dtype"] == dtype
     assert 0 < result["flop_fraction"] and 0 < result["mfu"]
     if dtype == "float32":
@@ -527,6 +531,8 @@ def test_summary_checks_each_target_pass_fail_or_missing(tmp_path, capsys):
     assert rows[wan_mfu.format("lora+checkpointing")][1] == (
         "MISSING: wan_iteration has no variant lora+checkpointing")
     assert rows["every GPU test passes"] == ("0 failed (2 passed, 1 skipped)", "PASS")
+    assert rows["RL iteration vs a batched eager loop"][1] == (
+        "MISSING: rl_iteration records no speedup_vs_batched")
 
 
 def test_targets_count_only_gpu_runs_and_fail_on_a_failed_test():
@@ -647,3 +653,28 @@ def test_offset_response_runs_on_the_shipped_base(capsys, tmp_path):
     assert "pressed translation key" in out and "pitch" in out and "noise alone" in out
     saved = json.loads((tmp_path / "r.json").read_text())
     assert saved["candidates"] <= 16 and len(saved["offset_motion_correlation"]) == 4
+
+
+def test_batched_eager_baseline_runs_no_custom_op_and_replicates_the_history(monkeypatch):
+    """The baseline's iterations reach the references of the loss and noising (never their
+    fused ops) and SDPA over a replicated history; afterwards the rules' ops are restored."""
+    from wc_fast import config as config_lib
+    from wc_fast.models import TinyWorldDiT
+    from wc_fast.updates import nft as nft_rule
+    from wc_kernels.ops.prefix_attention import _FAST
+
+    batched_eager = _load("batched_eager")
+    cfg = config_lib.preset("smoke")
+    fused = nft_rule.nft_loss
+    calls = []
+    real = _FAST["replicated"]
+    monkeypatch.setitem(_FAST, "replicated", lambda *a: calls.append("sdpa") or real(*a))
+    trainer = batched_eager.batched_eager_trainer(cfg, TinyWorldDiT(cfg.model),
+                                                  torch.device("cpu"))
+    assert trainer.cfg.rollout.capture == "eager" and trainer.old.attention_backend == \
+        "replicated"
+    with batched_eager.plain_pytorch_ops():
+        assert nft_rule.nft_loss.keywords == {"backend": "reference"}
+        assert nft_rule.flow_noise.keywords == {"backend": "reference"}
+        trainer.iteration(0)
+    assert calls and nft_rule.nft_loss is fused

@@ -3,7 +3,9 @@
 ``reference`` is plain PyTorch (the spec), ``triton`` the fused Triton kernels (CUDA, or CPU
 tensors under ``TRITON_INTERPRET=1``), ``native`` the C++ CPU extension built from ``csrc/``.
 Attention only: ``split`` (two fused partial attentions merged by LSE, CPU), the same on
-SDPA's CUDA kernels (``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``; by name only), ``flex``
+SDPA's CUDA kernels (``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``; by name only),
+``replicated`` (SDPA over the prefix copied per row: what plain batching does, a baseline),
+``flex``
 (FlexAttention with a block mask; CUDA, forward-only on CPU), and the optional libraries
 ``flash_attn`` and ``xformers`` (partials merged by LSE; CUDA, when installed; never chosen by
 ``auto``, whose CUDA order is the project's own kernels).
@@ -19,7 +21,7 @@ import os
 import torch
 
 BACKENDS = ("auto", "reference", "triton", "native", "split", "flex", "flash_attn", "xformers",
-            "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+            "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "replicated")
 # the split path on SDPA's own CUDA kernels (attention only; chosen by name until their GPU
 # parity tests have passed on a device)
 SDPA_BACKENDS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
@@ -48,7 +50,7 @@ def native_built() -> bool:
 
 def unavailable_reason(backend: str, device: torch.device) -> str | None:
     """Why ``backend`` cannot run on ``device`` (None when it can)."""
-    if backend == "reference":
+    if backend in ("reference", "replicated"):
         return None
     if backend == "triton":
         if not _importable("triton"):

@@ -43,6 +43,20 @@ def test_split_matches_reference(case, dtype):
         torch.testing.assert_close(got, exp, rtol=rtol * 4, atol=atol * 4, msg=name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("case", CASES)
+def test_replicated_baseline_matches_reference(case, dtype):
+    ins = _inputs(case, dtype)
+    out = wc_kernels.prefix_attention(*ins, backend="replicated")
+    want = reference.prefix_attention(*ins)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out, want, rtol=rtol, atol=atol)
+    grad_out = torch.randn_like(out)
+    for got, exp in zip(torch.autograd.grad(out, ins, grad_out),
+                        torch.autograd.grad(want, ins, grad_out), strict=True):
+        torch.testing.assert_close(got, exp, rtol=rtol * 4, atol=atol * 4)
+
+
 def test_split_gradcheck():
     ins = [t.detach().requires_grad_(True) for t in _inputs((2, 2, 3, 2, 2, 4), torch.float64)]
     assert torch.autograd.gradcheck(

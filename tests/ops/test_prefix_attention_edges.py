@@ -19,7 +19,7 @@ import wc_kernels
 from wc_kernels import reference
 
 ROOT = Path(__file__).resolve().parents[2]
-BACKENDS = ("reference", "split", "flex", "triton")
+BACKENDS = ("reference", "split", "flex", "triton", "replicated")
 EMPTY = [(0, 5), (2, 0), (0, 0)]  # (B, L): no query row
 
 
@@ -88,7 +88,7 @@ def test_zero_size_matrix_in_a_child_process(backend):
             assert line.startswith(f"ValueError {want} "), (case, line)
 
 
-@pytest.mark.parametrize("backend", ("reference", "split", "triton"))
+@pytest.mark.parametrize("backend", ("reference", "split", "triton", "replicated"))
 @pytest.mark.parametrize(("lk", "p"), [(0, 4), (3, 0)])
 def test_one_empty_key_side_has_the_references_gradients(backend, lk, p):
     """``Lk = 0`` or ``P = 0``: the gradients equal the reference's, and the empty side's are

@@ -16,7 +16,7 @@ from wc_kernels.ops.prefix_attention.split import split_prefix_attention
 from wc_kernels.ops.prefix_attention.xformers import xformers_prefix_attention
 
 IMPLEMENTED = ("reference", "triton", "split", "flex", "flash_attn", "xformers", "sdpa_flash",
-               "sdpa_cudnn", "sdpa_efficient")
+               "sdpa_cudnn", "sdpa_efficient", "replicated")
 _HALF = (torch.float16, torch.bfloat16)
 # dtypes each fast backend takes ("auto" passes over a backend that cannot take the input)
 DTYPES = {"triton": (*_HALF, torch.float32), "flash_attn": _HALF,
@@ -59,7 +59,18 @@ def _sdpa_prefix_attention(kind: str):
     return attention
 
 
+def replicated_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor,
+                                prefix_v: Tensor, scale: float) -> Tensor:
+    """``F.scaled_dot_product_attention`` over ``cat(prefix, own keys)`` with the prefix copied
+    for every row: what batching the rows does without a shared prefix (a baseline)."""
+    b = q.shape[0]
+    keys = torch.cat([prefix_k.expand(b, -1, -1, -1), k], dim=2)
+    values = torch.cat([prefix_v.expand(b, -1, -1, -1), v], dim=2)
+    return torch.nn.functional.scaled_dot_product_attention(q, keys, values, scale=scale)
+
+
 _FAST = {"split": split_prefix_attention, "flex": flex_prefix_attention,
+         "replicated": replicated_prefix_attention,
          "triton": triton_prefix_attention, "flash_attn": flash_attn_prefix_attention,
          "xformers": xformers_prefix_attention,
          **{name: _sdpa_prefix_attention(name) for name in SDPA_KERNELS}}
@@ -161,7 +172,8 @@ def prefix_attention(
     The optional ``flash_attn`` and ``xformers`` backends
     run on CUDA when their library is installed and are chosen by name only, like
     ``sdpa_flash``, ``sdpa_cudnn`` and ``sdpa_efficient`` (the split path on SDPA's own CUDA
-    kernels: fp16/bf16, and fp32 for ``sdpa_efficient``).
+    kernels: fp16/bf16, and fp32 for ``sdpa_efficient``). ``replicated`` is SDPA over the
+    prefix copied for every row, the baseline the others are measured against.
     """
     _check_inputs(q, k, v, prefix_k, prefix_v)
     scale = _check_scale(scale)
