@@ -25,11 +25,11 @@ from safetensors.torch import save_file
 import wc_fast.trainer as trainer_module
 from wc_fast.actions import split_action
 from wc_fast.config import apply_override, preset
+from wc_fast.models.pretrained import initial_model
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.interaction import action_accuracy, interaction_score
 from wc_fast.rollout import rollout_clip_level
 from wc_fast.runtime import generator
-from wc_fast.train import initial_model
 from wc_fast.trainer import Trainer
 from wc_fast.world import sample_sequences
 

@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from wc_fast import config as config_lib
+from wc_fast.models.pretrained import initial_model
 from wc_fast.rewards import if_scores, load_estimator
 from wc_fast.runtime import resolve_device
-from wc_fast.train import initial_model
 from wc_fast.trainer import Trainer
 
 

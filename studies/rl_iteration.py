@@ -34,8 +34,8 @@ from studies.batched_eager import batched_eager_trainer, plain_pytorch_ops
 from studies.official_style import OfficialStyleIteration
 from wc_fast import config as config_lib
 from wc_fast.metrics import matmul_flops
+from wc_fast.models.pretrained import initial_model
 from wc_fast.runtime import resolve_device
-from wc_fast.train import initial_model
 from wc_fast.trainer import Trainer
 
 

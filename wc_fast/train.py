@@ -10,7 +10,6 @@ table, ``summary.json`` and a rollout grid into ``--out``, which it checks and l
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import sys
 import warnings
@@ -40,15 +39,7 @@ from wc_fast.metrics import (
     plot_rewards,
 )
 from wc_fast.models import WorldModel
-from wc_fast.models.pretrained import (
-    BASE_MODELS,
-    frame_codec,
-    load_base_model,
-    load_wan_world_model,
-    load_world_model,
-    load_worldplay_world_model,
-    new_world_model,
-)
+from wc_fast.models.pretrained import frame_codec, initial_model
 from wc_fast.preemption import EXIT_PREEMPTED, StopRequest
 from wc_fast.run_dir import RunLock, check_writable_dir, claim
 from wc_fast.runtime import resolve_device
@@ -64,40 +55,6 @@ RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last",
                      "train.max_update_ratio",
                      "train.loggers", "rollout.capture", "nft.micro_batch",
                      "model.activation_checkpointing", *config_lib.RETIRED_SECTIONS)
-# model fields that are choices of a run, not properties of the weights it starts from
-RUN_CHOICES = ("dtype", "activation_checkpointing")
-
-
-def initial_model(cfg: config_lib.Config, device: torch.device) -> WorldModel:
-    """The model RL starts from: the shipped base model of ``model.backbone`` (``--base``), a
-    weights file, or a random init; for a Wan or WorldPlay backbone with a ``model.path``, the
-    one there."""
-    m = cfg.model
-    if m.backbone == "wan" and m.path:
-        return load_wan_world_model(m, device, seed=cfg.train.seed).train()
-    if m.backbone == "worldplay":
-        return load_worldplay_world_model(m, device, seed=cfg.train.seed).train()
-    if cfg.train.init == "random":
-        torch.manual_seed(cfg.train.seed)
-        return new_world_model(m, seed=cfg.train.seed).to(device)
-    if cfg.train.init == "base":
-        path, model = BASE_MODELS[m.backbone], load_base_model(m.backbone, device)
-    else:
-        path = Path(cfg.train.init)
-        model = load_world_model(path, device=device)
-    if m.pose_branch and not model.cfg.pose_branch:
-        model.add_pose_branch()  # zero-initialised: the loaded model is unchanged
-    # the weights are fp32 whatever dtype they were trained in: model.dtype (the autocast
-    # dtype of the matmuls) and activation checkpointing are choices of this run, every other
-    # field must match the weights
-    diffs = [f"model.{k}: weights {v!r} vs config {getattr(m, k)!r}"
-             for k, v in dataclasses.asdict(model.cfg).items()
-             if k not in RUN_CHOICES and getattr(m, k) != v]
-    if diffs:
-        raise ValueError(f"{path} does not match the configured model ({'; '.join(diffs)}); "
-                         "use a matching --model.* or --train.init random")
-    model.cfg = dataclasses.replace(model.cfg, **{k: getattr(m, k) for k in RUN_CHOICES})
-    return model.train()
 
 
 def trainer_spread(row: dict) -> list[float]:

@@ -214,7 +214,7 @@ class Trainer:
         self.trained = frozenset(name for name, p in self.model.named_parameters()
                                  if p.requires_grad)
         if not self.sharded:
-            self.frozen_base  # noqa: B018 - a LoRA checkpoint names the base as loaded
+            self.frozen_base  # noqa: B018 - a partial checkpoint names the base as loaded
             hold_frozen_matrices_in(self.model, DTYPES[cfg.model.dtype])
         # the old (rollout) model and the frozen initial model the rule's loss compares
         # against, if any: copies of the trained weights over the model's own frozen ones
@@ -524,22 +524,30 @@ class Trainer:
                         strict=True):
             p.grad = g
 
+    @property
+    def partial(self) -> bool:
+        """Whether this run's checkpoints hold only the trained weights: a LoRA run, or one
+        that trains a subset (``optim.trainable conditioning``) without FSDP2."""
+        trains_a_subset = len(self.trained) < len(self.model.state_dict())
+        return bool(self.cfg.model.lora_rank) or (trains_a_subset and not self.sharded)
+
     def checkpoint_weights(self) -> dict[str, dict[str, Tensor]]:
-        """The current and old models' weights for a checkpoint: every weight, or for a LoRA
-        run only the trained ones (the rest is :attr:`frozen_base`). A collective under
-        FSDP2, where rank 0 gets the tensors."""
-        keys = self.trained if self.cfg.model.lora_rank else None
+        """The current and old models' weights for a checkpoint: every weight, or for a
+        :attr:`partial` run only the trained ones (the rest is :attr:`frozen_base`). A
+        collective under FSDP2, where rank 0 gets the tensors."""
+        keys = self.trained if self.partial else None
         return {"model": full_state_dict(self.model, keys), "old": full_state_dict(self.old, keys)}
 
     @functools.cached_property
     def frozen_base(self) -> checkpoint.FrozenBase | None:
-        """What a LoRA run's checkpoints leave out: ``model.path`` and the sha256 of every
-        weight the run does not train (the backbone as loaded; hashed once). ``None`` for
-        other runs, whose checkpoints hold whole models."""
-        if not self.cfg.model.lora_rank:
+        """What a :attr:`partial` run's checkpoints leave out: where the frozen weights come
+        from (``model.path``, else ``train.init``) and the sha256 of every weight the run does
+        not train (as loaded; hashed once). ``None`` for other runs, whose checkpoints hold
+        whole models."""
+        if not self.partial:
             return None
         frozen = {k: v for k, v in self.model.state_dict().items() if k not in self.trained}
-        return checkpoint.FrozenBase(path=self.cfg.model.path,
+        return checkpoint.FrozenBase(path=self.cfg.model.path or self.cfg.train.init,
                                      sha256=checkpoint.weights_sha256(frozen))
 
     def unsharded_model(self) -> WorldModel | None:

@@ -4,20 +4,22 @@ with the HunyuanVideo-1.5 VAE."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch.optim.swa_utils import AveragedModel
 
 from wc_fast import checkpoint
-from wc_fast.config import ModelConfig, from_dict, validate_model
+from wc_fast.config import Config, ModelConfig, from_dict, validate_model
 from wc_fast.extras import require
 from wc_fast.models.lora import import_peft
-from wc_fast.models.protocol import FrameCodec, PixelFrames
+from wc_fast.models.protocol import FrameCodec, PixelFrames, WorldModel
 from wc_fast.models.tiny_dit import DTYPES, TinyWorldDiT
 
 if TYPE_CHECKING:
@@ -150,6 +152,8 @@ def load_checkpoint_model(path: str | Path | None, device: torch.device, *, base
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"{path} holds no meta.json: not a wc_fast checkpoint")
         meta = checkpoint.verify(path)  # hashes and meta.json's shape, before anything is built
+        if "base" in meta:
+            return _partial_checkpoint_model(path, meta, device)
         model = new_world_model(_checkpoint_model(path, meta)).to(device)
         if "ema" in meta["models"]:
             ema = AveragedModel(model, use_buffers=True)
@@ -159,6 +163,26 @@ def load_checkpoint_model(path: str | Path | None, device: torch.device, *, base
             checkpoint.load(path, models={"model": model}, restore_rng=False)
         return model.eval()
     return load_world_model(path, device=device)
+
+
+def _partial_checkpoint_model(path: Path, meta: dict, device: torch.device | str
+                              ) -> WorldModel:
+    """The current model of a training checkpoint that holds only the trained weights: the
+    run's initial model (its config's ``train.init`` / ``model.path``), whose other weights
+    must hash to the checkpoint's frozen base, with the trained ones loaded over it."""
+    try:
+        cfg = from_dict(meta["config"])
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise checkpoint.CheckpointError(f"checkpoint {path}: the config in meta.json is "
+                                         f"invalid: {exc}") from exc
+    model = initial_model(cfg, device)
+    with safe_open(path / "model.safetensors", framework="pt") as weights:
+        trained = set(weights.keys())
+    frozen = {k: v for k, v in model.state_dict().items() if k not in trained}
+    base = checkpoint.FrozenBase(path=meta["base"]["path"],
+                                 sha256=checkpoint.weights_sha256(frozen))
+    checkpoint.load(path, models={"model": model}, restore_rng=False, base=base)
+    return model.eval()
 
 
 def load_prompt_embeds(path: str) -> torch.Tensor | None:
@@ -259,3 +283,39 @@ def frame_codec(cfg: ModelConfig, device: torch.device | str = "cpu") -> FrameCo
         return HunyuanLatentCodec.from_pretrained(cfg.path, pixel_size=cfg.resolution,
                                                   device=device)
     return PixelFrames()
+
+
+# model fields that are choices of a run, not properties of the weights it starts from
+RUN_CHOICES = ("dtype", "activation_checkpointing")
+
+
+def initial_model(cfg: Config, device: torch.device | str) -> WorldModel:
+    """The model RL starts from: the shipped base model of ``model.backbone`` (``--base``), a
+    weights file, or a random init; for a Wan or WorldPlay backbone with a ``model.path``, the
+    one there."""
+    m = cfg.model
+    if m.backbone == "wan" and m.path:
+        return load_wan_world_model(m, device, seed=cfg.train.seed).train()
+    if m.backbone == "worldplay":
+        return load_worldplay_world_model(m, device, seed=cfg.train.seed).train()
+    if cfg.train.init == "random":
+        torch.manual_seed(cfg.train.seed)
+        return new_world_model(m, seed=cfg.train.seed).to(device)
+    if cfg.train.init == "base":
+        path, model = BASE_MODELS[m.backbone], load_base_model(m.backbone, device)
+    else:
+        path = Path(cfg.train.init)
+        model = load_world_model(path, device=device)
+    if m.pose_branch and not model.cfg.pose_branch:
+        model.add_pose_branch()  # zero-initialised: the loaded model is unchanged
+    # the weights are fp32 whatever dtype they were trained in: model.dtype (the autocast
+    # dtype of the matmuls) and activation checkpointing are choices of this run, every other
+    # field must match the weights
+    diffs = [f"model.{k}: weights {v!r} vs config {getattr(m, k)!r}"
+             for k, v in dataclasses.asdict(model.cfg).items()
+             if k not in RUN_CHOICES and getattr(m, k) != v]
+    if diffs:
+        raise ValueError(f"{path} does not match the configured model ({'; '.join(diffs)}); "
+                         "use a matching --model.* or --train.init random")
+    model.cfg = dataclasses.replace(model.cfg, **{k: getattr(m, k) for k in RUN_CHOICES})
+    return model.train()
