@@ -13,6 +13,7 @@ from wc_fast.config import preset
 from wc_fast.eval import (
     EVAL_SEED,
     EvalSettings,
+    add_reader_gap,
     evaluate,
     horizons,
     main,
@@ -59,7 +60,11 @@ def test_evaluate_runs_end_to_end_and_is_deterministic(tmp_path):
         assert a[kind]["accuracy"] == b[kind]["accuracy"]
         assert len(a[kind]["by_clip"]) == 2
         assert set(a[kind]) == {"accuracy", "vq", "by_keys", "by_clip", "short", "long",
-                                "metrics", "per_sequence"}
+                                "metrics", "per_sequence", "fit_accuracy", "reader_gap"}
+        # the reader gap: the evaluation estimator's accuracy minus the classical fit's
+        assert a[kind]["fit_accuracy"] == a[kind]["metrics"]["all"]["fit_accuracy"]
+        assert a[kind]["reader_gap"] == pytest.approx(
+            a[kind]["accuracy"] - a[kind]["fit_accuracy"])
         assert set(a["ground_truth"][kind]) == {"accuracy", "vq", "fit_accuracy", "rot_err_deg",
                                                 "trans_err"}
         metrics = a[kind]["metrics"]
@@ -75,7 +80,8 @@ def test_evaluate_runs_end_to_end_and_is_deterministic(tmp_path):
         assert a[kind]["metrics"] == b[kind]["metrics"]
     assert [(row["set"], row["clip"]) for row in a["by_clip"]] == [
         (kind, c) for kind in sets for c in (1, 2)]
-    assert all(set(row) == {"set", "clip", "accuracy", "vq"} for row in a["by_clip"])
+    assert all(set(row) == {"set", "clip", "accuracy", "vq", "fit_accuracy", "reader_gap"}
+               for row in a["by_clip"])
     assert set(a["basic"]["by_keys"]) == {"1"}
     assert set(a["composite_2key"]["by_keys"]) == {"2"}
     assert a["composite_2key"]["by_keys"]["2"]["clips"] == SETTINGS.sequences * SETTINGS.clips
@@ -178,14 +184,22 @@ def test_printed_table_puts_each_horizon_under_its_column():
 
     block = {"accuracy": 0.5, "vq": 0.25, "short": {"accuracy": 0.111},
              "medium": {"accuracy": 0.222}, "long": {"accuracy": 0.333},
-             "by_keys": {}, "by_clip": [{"clip": 1, "accuracy": 0.5}]}
+             "by_keys": {}, "by_clip": [{"clip": 1, "accuracy": 0.5}],
+             "metrics": {"all": {"fit_accuracy": 0.375},
+                         "by_clip": [{"clip": 1, "fit_accuracy": 0.375}]}}
+    add_reader_gap(block)
+    assert block["reader_gap"] == 0.125 and block["by_clip"][0]["reader_gap"] == 0.125
     result = {kind: block for kind in ("basic", "composite", "composite_2key")}
     result["ground_truth"] = {kind: {"accuracy": 0.999} for kind in result}
     console = Console(record=True, width=200)
     print_table(result, console=console)
     lines = console.export_text().splitlines()
-    header = next(line for line in lines if "short acc" in line)
-    assert header.index("short") < header.index("medium") < header.index("long")
+    header = next(line for line in lines if "est short" in line)
+    assert header.index("fit acc") < header.index("short") < header.index("medium") \
+        < header.index("long") < header.index("reader gap")
     row = next(line for line in lines if line.strip("│ ").startswith("basic"))
     cells = [c.strip() for c in row.split("│") if c.strip()]
-    assert cells == ["basic", "0.111", "0.222", "0.333", "0.500", "0.250", "0.999"]
+    assert cells == ["basic", "0.375", "0.111", "0.222", "0.333", "0.500", "+0.125", "0.250",
+                     "0.999"]
+    by_clip = [line for line in lines if line.strip("│ ").startswith("basic")][1]
+    assert "0.38 / 0.50" in by_clip

@@ -206,6 +206,7 @@ def evaluate(model: EmbeddedModel, settings: EvalSettings, *, estimator=None, cr
                   "clips_2_on": slice(1, clips)}
         result[kind]["metrics"] = summarize_truth(per_clip, gen, data.frames, floor,
                                                   clip_frames=cfg.clip_frames, slices=slices)
+        add_reader_gap(result[kind])
         result[kind]["per_sequence"] = {name: v.tolist() for name, v in per_clip.items()}
         gt_fit = fit_scores(fit_path(data.frames), data.c2w, data.actions,
                             clip_frames=cfg.clip_frames, **thresholds)
@@ -220,51 +221,86 @@ def evaluate(model: EmbeddedModel, settings: EvalSettings, *, estimator=None, cr
     return result
 
 
+def add_reader_gap(block: dict) -> None:
+    """The classical fit's accuracy and the ``reader_gap`` (evaluation estimator minus fit)
+    on a set's ``block`` and each of its ``by_clip`` rows. The fit reads the frames without
+    anything learned, so it is a reader the reward never saw; a gap that grows with training
+    is accuracy only a learned reader sees (the policy learning what such readers want)."""
+    block["fit_accuracy"] = block["metrics"]["all"]["fit_accuracy"]
+    block["reader_gap"] = block["accuracy"] - block["fit_accuracy"]
+    for row, truth in zip(block["by_clip"], block["metrics"]["by_clip"], strict=True):
+        row["fit_accuracy"] = truth["fit_accuracy"]
+        row["reader_gap"] = row["accuracy"] - row["fit_accuracy"]
+
+
+def _fit(block: dict) -> float | None:
+    """A set's fit accuracy (None in a result written before the fit was reported)."""
+    return block.get("fit_accuracy")
+
+
+def _cell(value: float | None, fmt: str = ".3f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
 def print_table(result: dict, console: Console | None = None, title: str = "wc_fast eval"
                 ) -> None:
-    """The paper-style table: accuracy and VQ per set and horizon, plus the ground truth."""
+    """The paper-style table: accuracy per set, read first by the classical camera fit (a
+    reader the reward never saw) and then by the evaluation estimator per horizon, the reader
+    gap between them, VQ, and the estimator on the ground truth."""
     console = console or Console()
     table = Table(title=title)
     table.add_column("set")
+    table.add_column("fit acc", justify="right")
     for name in ("short", "medium", "long", "all"):
-        table.add_column(f"{name} acc", justify="right")
-    table.add_column("VQ", justify="right")
-    table.add_column("GT acc", justify="right")
+        table.add_column(f"est {name}", justify="right")
+    for name in ("reader gap", "VQ", "GT est"):
+        table.add_column(name, justify="right")
     for kind in KINDS:
         block = result[kind]
         cells = [f"{block[h]['accuracy']:.3f}" if h in block else "-"
                  for h in ("short", "medium", "long")]
-        table.add_row(kind, *cells, f"{block['accuracy']:.3f}", f"{block['vq']:.3f}",
+        table.add_row(kind, _cell(_fit(block)), *cells, f"{block['accuracy']:.3f}",
+                      _cell(block.get("reader_gap"), "+.3f"), f"{block['vq']:.3f}",
                       f"{result['ground_truth'][kind]['accuracy']:.3f}")
     for keys in ("3", "4"):
         if keys in result["composite"]["by_keys"]:
             entry = result["composite"]["by_keys"][keys]
-            table.add_row(f"  composite, {keys} keys ({entry['clips']} clips)", "", "", "",
-                          f"{entry['accuracy']:.3f}", "", "")
+            table.add_row(f"  composite, {keys} keys ({entry['clips']} clips)", "", "", "", "",
+                          f"{entry['accuracy']:.3f}", "", "", "")
     console.print(table)
-    clips = Table(title="accuracy by clip index")
+    clips = Table(title="accuracy by clip index: classical fit / evaluation estimator")
     clips.add_column("set")
     for row in result["basic"]["by_clip"]:
         clips.add_column(str(row["clip"]), justify="right")
     for kind in KINDS:
-        clips.add_row(kind, *[f"{r['accuracy']:.2f}" for r in result[kind]["by_clip"]])
+        clips.add_row(kind, *[f"{_cell(r.get('fit_accuracy'), '.2f')} / {r['accuracy']:.2f}"
+                              for r in result[kind]["by_clip"]])
     console.print(clips)
 
 
 def print_comparison(before: dict, after: dict, console: Console, title: str) -> None:
-    """Two evaluations side by side (base vs trained): accuracy, its change and VQ per set,
-    and the 3- and 4-key combinations inside the composite set."""
+    """Two evaluations side by side (base vs trained) per set: accuracy read by the classical
+    camera fit (a reader the reward never saw) first, then by the evaluation estimator, each
+    with its change, the change of the reader gap (estimator minus fit: accuracy only a
+    learned reader sees), and VQ; the 3- and 4-key combinations inside the composite set
+    (estimator only)."""
     table = Table(title=title)
-    for col in ("set", "base acc", "trained acc", "change", "base VQ", "trained VQ"):
+    for col in ("set", "fit base", "fit trained", "fit change", "est base", "est trained",
+                "est change", "gap change", "base VQ", "trained VQ"):
         table.add_column(col, justify="right" if col != "set" else "left")
     rows = [(kind, before[kind], after[kind]) for kind in KINDS]
     rows += [(f"  composite, {keys} keys", before["composite"]["by_keys"][keys],
               after["composite"]["by_keys"][keys]) for keys in ("3", "4")
              if keys in before["composite"]["by_keys"]]
     for name, b, a in rows:
+        fit_b, fit_a = _fit(b), _fit(a)
+        fits = (fit_b, fit_a, None if fit_b is None or fit_a is None else fit_a - fit_b)
+        est_change = a["accuracy"] - b["accuracy"]
+        gap = None if fits[2] is None else est_change - fits[2]
         vq = (f"{b['vq']:.3f}", f"{a['vq']:.3f}") if "vq" in b else ("", "")
-        table.add_row(name, f"{b['accuracy']:.3f}", f"{a['accuracy']:.3f}",
-                      f"{a['accuracy'] - b['accuracy']:+.3f}", *vq)
+        table.add_row(name, _cell(fits[0]), _cell(fits[1]), _cell(fits[2], "+.3f"),
+                      f"{b['accuracy']:.3f}", f"{a['accuracy']:.3f}", f"{est_change:+.3f}",
+                      _cell(gap, "+.3f"), *vq)
     console.print(table)
 
 

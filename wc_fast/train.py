@@ -190,7 +190,8 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
 
 def summary(cfg: config_lib.Config, trained: WorldModel, device: torch.device,
             console: Console, log: MetricsLog | None = None) -> dict:
-    """Base vs trained evaluation (eval estimator, not the reward one) and a rollout grid
+    """Base vs trained evaluation (the classical camera fit, which no reward reads, first;
+    the eval estimator, not the reward one, beside it) and a rollout grid
     (also to ``log``'s trackers)."""
     from wc_fast.eval import EvalSettings, evaluate, print_comparison, save_grid
     from wc_fast.rewards import load_estimator
@@ -205,7 +206,7 @@ def summary(cfg: config_lib.Config, trained: WorldModel, device: torch.device,
     frames = results["trained"].pop("_frames")
     print_comparison(results["base"], results["trained"], console,
                      f"base vs trained ({settings.sequences} sequences x {settings.clips} clips "
-                     "per set, eval estimator)")
+                     "per set: classical fit, eval estimator)")
     out = Path(cfg.train.out)
     (out / "summary.json").write_text(json.dumps(results, indent=2))
     grid = save_grid(out / "rollouts.png", frames, estimator)
