@@ -146,6 +146,8 @@ FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio":
 # model-card fields added after the study began, with the value every cached score was made at:
 # a base model's card that sets one otherwise gives its scores a new evaluation id
 CARD_FIELDS_ADDED_OFF = {"history_window": 0}
+# fields that only measure (they read the run, never change its weights): left out of the hash
+MEASUREMENT_FIELDS = ("train.reader_gap_every",)
 # fields renamed after the study began, hashed under the name and value they had then
 FIELDS_RENAMED = {"rollout.candidate_noise": ("exploration", {"independent": "noise"})}
 # the pretraining section the RL run's config held when the study began (the cpu preset's; it
@@ -255,7 +257,8 @@ def training_id(row: str, seed: int, steps: int | None, base: str = "tiny") -> s
     """8 hex digits of the resolved training configuration of one (row, seed): a change to the
     preset's defaults gives the row a new run folder and cache file. A field added after the
     study began is left out while it holds its value that changes nothing
-    (``FIELDS_ADDED_OFF``), so adding an option keeps the cached rows; a renamed field is
+    (``FIELDS_ADDED_OFF``), and one that only measures is always left out
+    (``MEASUREMENT_FIELDS``), so adding an option keeps the cached rows; a renamed field is
     hashed under its old name and value (``FIELDS_RENAMED``), and the pretraining section the
     config held then with it (``STUDY_PRETRAIN_SECTION``). On a base other than ``tiny`` the
     hash includes the base's shipped weights."""
@@ -265,6 +268,9 @@ def training_id(row: str, seed: int, steps: int | None, base: str = "tiny") -> s
         section, name = path.split(".")
         if config[section].get(name) == off:
             del config[section][name]
+    for path in MEASUREMENT_FIELDS:
+        section, name = path.split(".")
+        config[section].pop(name, None)
     for path, (old_name, old_values) in FIELDS_RENAMED.items():
         section, name = path.split(".")
         value = config[section].pop(name)

@@ -27,6 +27,7 @@ TAGS: dict[str, tuple[str, float]] = {
     "if_mean": ("reward/if_mean", 1.0),
     "vq_mean": ("reward/vq_mean", 1.0),
     "r_std": ("reward/r_std", 1.0),
+    "reader_gap": ("reward/reader_gap", 1.0),
     "motion_spread_basic": ("reward/motion_spread_basic", 1.0),
     "motion_spread_composite": ("reward/motion_spread_composite", 1.0),
     "decoupled": ("reward/decoupled", 1.0),
@@ -235,7 +236,8 @@ def _running_mean(values: list[float], window: int) -> list[float]:
 
 def plot_rewards(rows: list[dict], path: str | Path) -> Path | None:
     """Reward curves like the WorldCompass paper's Figure 2: IF and VQ per iteration, the loss
-    (where an update was made), and the motion spread of basic and composite groups."""
+    (where an update was made), the motion spread of basic and composite groups, and the
+    reader gap on the iterations that measured it (``train.reader_gap_every``)."""
     if not rows:
         return None
     import matplotlib
@@ -243,7 +245,8 @@ def plot_rewards(rows: list[dict], path: str | Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.2))
+    gaps = [(r["step"], r["reader_gap"]) for r in rows if r.get("reader_gap") is not None]
+    fig, axes = plt.subplots(1, 5 if gaps else 4, figsize=(20 if gaps else 16, 3.2))
     for ax, key, title in zip(axes[:3], ("if_mean", "vq_mean", "loss"),
                               ("interaction following (IF)", "visual quality (VQ)", "NFT loss"),
                               strict=True):
@@ -264,6 +267,11 @@ def plot_rewards(rows: list[dict], path: str | Path) -> Path | None:
     axes[3].set_title("motion spread (estimator-error units)")
     if axes[3].lines[1:]:
         axes[3].legend()
+    if gaps:
+        xs, ys = zip(*gaps, strict=True)
+        axes[4].plot(xs, ys, "o-", linewidth=1.5, markersize=3)
+        axes[4].axhline(0.0, color="0.5", linestyle="--", linewidth=1)
+        axes[4].set_title("reader gap (reward's reader - camera fit)")
     for ax in axes:
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)

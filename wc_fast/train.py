@@ -50,6 +50,7 @@ from wc_fast.trainer import NumericalFaultError, Trainer
 # run may be extended, see _schedule_steps), and the sections a checkpoint written by an
 # earlier version may hold that the RL run never read
 RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last",
+                     "train.reader_gap_every",
                      "train.eval_at_end", "train.device", "train.eval_sequences",
                      "train.eval_clips", "train.steps", "train.max_bad_updates",
                      "train.max_update_ratio",
@@ -74,6 +75,8 @@ def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
            **{f"motion_spread_{k}": v for k, v in stats.motion_spread.items()}}
     if stats.kl is not None:
         row["kl"] = stats.kl
+    if stats.reader_gap is not None:
+        row["reader_gap"] = stats.reader_gap
     row.update(telemetry.read())
     return row
 
@@ -162,7 +165,9 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
                         roll=f"{row['rollout_s']:.1f}s", rew=f"{row['reward_s']:.1f}s",
                         train=f"{row['train_s']:.1f}s", clips_s=f"{row['clips_per_s']:.1f}",
                         spread=" ".join(f"{v:.1f}" for v in trainer_spread(row)),
-                        **({"KL": f"{row['kl']:.2e}"} if "kl" in row else {}))
+                        **({"KL": f"{row['kl']:.2e}"} if "kl" in row else {}),
+                        **({"gap": f"{row['reader_gap']:+.3f}"} if "reader_gap" in row
+                           else {}))
         if log is not None:
             log.append(row)
         faulted = trainer.bad_streak >= cfg.train.max_bad_updates

@@ -43,6 +43,7 @@ from wc_fast.advantages import optimality
 from wc_fast.config import Config, RewardConfig
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
 from wc_fast.ema import ema_update
+from wc_fast.evaluation.camera_fit import fit_path
 from wc_fast.evaluation.floor import sequence_scenes
 from wc_fast.models import ContextCache, FrameCodec, PixelFrames, WorldModel
 from wc_fast.models.protocol import check_world_model
@@ -99,6 +100,8 @@ class IterationStats:
     motion_spread: dict[str, float] = field(default_factory=dict)
     decoupled: bool = False
     kl: float | None = None  # the mean KL to the reference model per trained row (with one)
+    # label IF by the reward's reader minus by the classical fit (train.reader_gap_every)
+    reader_gap: float | None = None
 
 
 @dataclass(slots=True)
@@ -228,6 +231,8 @@ class Trainer:
         self.optimizers = build_optimizers(self.model, cfg.optim)
         # consecutive updates skipped for a NaN or inf loss or gradient
         self.bad_streak = 0
+        # whether this iteration's rewards also measure the reader gap, and each group's gap
+        self.read_gap, self.gaps = False, []
         # the run length the EMA decay schedule spans (kept when a resumed run is extended)
         self.schedule_steps = cfg.train.steps
         ro = cfg.rollout
@@ -293,13 +298,16 @@ class Trainer:
 
     def _scores(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor, list[float]]:
         """Raw IF and VQ scores ``[B, G]`` from the reward estimator and the critic, and each
-        group's motion spread (from the same estimated poses)."""
+        group's motion spread (from the same estimated poses); with :attr:`read_gap` set,
+        :attr:`gaps` gets each group's reader gap."""
         rw = self.cfg.reward
         s_if, s_vq, spread = [], [], []
         for group in groups:
             frames = self.codec.decode(group.reward_frames())
             c2w = (self._render_read(group, frames) if rw.if_reader == "render"
                    else camera_poses(self.estimator, frames))
+            if self.read_gap:
+                self.gaps.append(self._reader_gap(group, frames, c2w))
             if rw.if_kind == "soft":
                 s_if.append(soft_interaction_score(
                     c2w.double(), group.clip_actions, trans_threshold=min(rw.trans_thresholds),
@@ -317,6 +325,19 @@ class Trainer:
             spread.append(motion_spread(camera_motion(c2w.cpu()), self.estimator_error,
                                         commanded_directions(group.clip_actions.cpu())))
         return torch.stack(s_if).float(), torch.stack(s_vq).float(), spread
+
+    def _reader_gap(self, group: GroupRollout, frames: Tensor, c2w: Tensor) -> float:
+        """Mean over the group's candidates of the label IF of camera paths ``c2w`` (the
+        reward's reader) minus that of the classical camera fit of the same ``frames``
+        ``[G, F+1, C, H, W]`` (:func:`~wc_fast.evaluation.camera_fit.fit_path`)."""
+        rw = self.cfg.reward
+        fitted = fit_path(frames.detach().float().cpu())
+        trans_gt, rot_gt = split_action(group.clip_actions.cpu())
+        reads = [interaction_score(path.double().cpu(), trans_gt, rot_gt,
+                                   trans_thresholds=rw.trans_thresholds,
+                                   rot_threshold_deg=rw.rot_threshold_deg)
+                 for path in (c2w, fitted)]
+        return float((reads[0] - reads[1]).mean())
 
     @staticmethod
     def _render_read(group: GroupRollout, frames: Tensor) -> Tensor:
@@ -572,7 +593,11 @@ class Trainer:
         groups = self.rollout(step, clip_index)
         times["rollout"] = self._sync_time(t0)
         t0 = time.perf_counter()
+        every = self.cfg.train.reader_gap_every
+        self.read_gap, self.gaps = every > 0 and step % every == 0, []
         s_if, s_vq, spread = self.rewards(groups)
+        gap = (self._global_sum(float(sum(self.gaps))) / self._global_sum(float(len(self.gaps)))
+               if self.read_gap else None)
         r, adv = self.advantages(s_if, s_vq, vq_only=vq_only)
         times["reward"] = self._sync_time(t0)
         t0 = time.perf_counter()
@@ -588,7 +613,7 @@ class Trainer:
                               skipped_updates=upd.skipped_updates, times=times,
                               clips_per_s=generated / max(times["rollout"], 1e-9),
                               train_flops=upd.flops, motion_spread=spread,
-                              decoupled=vq_only, kl=upd.kl)
+                              decoupled=vq_only, kl=upd.kl, reader_gap=gap)
 
     def _global_mean(self, t: Tensor) -> float:
         return self._global_sum(float(t.float().sum())) / self._global_sum(float(t.numel()))
