@@ -77,3 +77,38 @@ def test_a_run_resumes_with_another_period(tmp_path):
     assert main([*args, "--train.reader_gap_every", "0"]) == 0
     assert main([*args, "--train.reader_gap_every", "1", "--resume"]) == 0
     assert checkpoint.latest(tmp_path).name.endswith("2")
+
+
+def test_the_classical_fit_as_the_reward_reader(monkeypatch):
+    """``reward.if_reader fit``: every group's IF reward is read by the camera fit (no network
+    is asked), so the reader gap is 0."""
+    from wc_fast.actions import split_action
+    from wc_fast.rewards import interaction_score
+
+    cfg = config_lib.preset("smoke")
+    config_lib.apply_override(cfg, "reward.if_reader", "fit")
+    config_lib.validate(cfg)
+    torch.manual_seed(cfg.train.seed)
+    trainer = Trainer(cfg, TinyWorldDiT(cfg.model), torch.device("cpu"))
+    read = []
+    real_fit = trainer_module.fit_path
+
+    def fit(frames):
+        read.append(real_fit(frames))
+        return read[-1]
+
+    def no_network(*args):
+        raise AssertionError("the reward estimator was asked")
+
+    monkeypatch.setattr(trainer_module, "fit_path", fit)
+    monkeypatch.setattr(trainer_module, "camera_poses", no_network)
+    groups = trainer.rollout(0, 1)
+    s_if, _, _ = trainer.rewards(groups)
+    assert len(read) == len(groups)
+    for row, group, path in zip(s_if, groups, read, strict=True):
+        trans, rot = split_action(group.clip_actions)
+        want = interaction_score(path, trans, rot, trans_thresholds=cfg.reward.trans_thresholds,
+                                 rot_threshold_deg=cfg.reward.rot_threshold_deg)
+        torch.testing.assert_close(row, want.float())
+    cfg.train.reader_gap_every = 1
+    assert trainer.iteration(0).reader_gap == 0.0

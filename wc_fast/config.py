@@ -41,7 +41,7 @@ Capture = Literal["auto", "eager", "compile", "cuda_graph"]
 StdMode = Literal["group", "global"]
 RewardKind = Literal["both", "if", "vq"]
 IfKind = Literal["label", "soft", "action", "trajectory"]
-IfReader = Literal["estimator", "render"]
+IfReader = Literal["estimator", "render", "fit"]
 VqMode = Literal["stride", "drift"]
 CriticKind = Literal["reward", "eval"]
 LossSpace = Literal[SPACES]  # the kernels' own choices (a tuple subscript unpacks)
@@ -254,7 +254,11 @@ class RewardConfig:
         "frame (wc_fast.rewards.render_reader.press_track): a reader that needs no network and "
         "is validated on generated frames (docs/replication.md), an oracle for diagnosis that "
         "no real world offers. Needs rollouts of clip 1 only (rollout.num_clips 1, whose start "
-        "pose is the prompt's) and no decoupled phases")})
+        "pose is the prompt's) and no decoupled phases. fit: the classical camera fit "
+        "(wc_fast.evaluation.camera_fit.fit_path; no network, no renderer: a reader a policy "
+        "cannot learn to please the way it learns a network's wishes), which costs 3.3 s per "
+        "iteration of the cpu preset on 2 cores; the evaluation's fit column then reads with "
+        "the reward's reader, so judge such a run by the estimator and the reader gap is 0")})
     trajectory_weights: tuple[float, ...] = field(default=(1.0, 1.0), metadata={"help": (
         "(a, b): the weights of the translation and rotation errors in the trajectory IF "
         "(two numbers >= 0)")})

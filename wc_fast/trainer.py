@@ -304,8 +304,7 @@ class Trainer:
         s_if, s_vq, spread = [], [], []
         for group in groups:
             frames = self.codec.decode(group.reward_frames())
-            c2w = (self._render_read(group, frames) if rw.if_reader == "render"
-                   else camera_poses(self.estimator, frames))
+            c2w = self._read_paths(group, frames)
             if self.read_gap:
                 self.gaps.append(self._reader_gap(group, frames, c2w))
             if rw.if_kind == "soft":
@@ -325,6 +324,17 @@ class Trainer:
             spread.append(motion_spread(camera_motion(c2w.cpu()), self.estimator_error,
                                         commanded_directions(group.clip_actions.cpu())))
         return torch.stack(s_if).float(), torch.stack(s_vq).float(), spread
+
+    def _read_paths(self, group: GroupRollout, frames: Tensor) -> Tensor:
+        """Camera paths ``[G, F+1, 4, 4]`` of a group's reward frames ``[G, F+1, C, H, W]`` by
+        ``reward.if_reader``: the reward estimator, the re-rendered world, or the classical
+        camera fit."""
+        reader = self.cfg.reward.if_reader
+        if reader == "render":
+            return self._render_read(group, frames)
+        if reader == "fit":
+            return fit_path(frames.detach().float().cpu()).to(frames.device)
+        return camera_poses(self.estimator, frames)
 
     def _reader_gap(self, group: GroupRollout, frames: Tensor, c2w: Tensor) -> float:
         """Mean over the group's candidates of the label IF of camera paths ``c2w`` (the
