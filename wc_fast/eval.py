@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from torch import Tensor
@@ -246,29 +247,32 @@ def print_table(result: dict, console: Console | None = None, title: str = "wc_f
                 ) -> None:
     """The paper-style table: accuracy per set, read first by the classical camera fit (a
     reader the reward never saw) and then by the evaluation estimator per horizon, the reader
-    gap between them, VQ, and the estimator on the ground truth."""
+    gap between them and VQ (the estimator on the true renders below); the 3- and 4-key
+    combinations inside the composite set as "3 keys (clips)"."""
     console = console or Console()
-    table = Table(title=title)
-    table.add_column("set")
-    table.add_column("fit acc", justify="right")
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("set", no_wrap=True, min_width=max(len(kind) for kind in KINDS))
+    table.add_column("fit\nacc", justify="right")
     for name in ("short", "medium", "long", "all"):
-        table.add_column(f"est {name}", justify="right")
-    for name in ("reader gap", "VQ", "GT est"):
+        table.add_column(f"est\n{name}", justify="right")
+    for name in ("reader\ngap", "\nVQ"):
         table.add_column(name, justify="right")
     for kind in KINDS:
         block = result[kind]
         cells = [f"{block[h]['accuracy']:.3f}" if h in block else "-"
                  for h in ("short", "medium", "long")]
         table.add_row(kind, _cell(_fit(block)), *cells, f"{block['accuracy']:.3f}",
-                      _cell(block.get("reader_gap"), "+.3f"), f"{block['vq']:.3f}",
-                      f"{result['ground_truth'][kind]['accuracy']:.3f}")
+                      _cell(block.get("reader_gap"), "+.3f"), f"{block['vq']:.3f}")
     for keys in ("3", "4"):
         if keys in result["composite"]["by_keys"]:
             entry = result["composite"]["by_keys"][keys]
-            table.add_row(f"  composite, {keys} keys ({entry['clips']} clips)", "", "", "", "",
-                          f"{entry['accuracy']:.3f}", "", "", "")
+            table.add_row(f"  {keys} keys ({entry['clips']})", "", "", "", "",
+                          f"{entry['accuracy']:.3f}", "", "")
+    truth = ", ".join(f"{kind} {result['ground_truth'][kind]['accuracy']:.3f}"
+                      for kind in KINDS)
+    table.caption = f"the estimator on the true renders: {truth}"
     console.print(table)
-    clips = Table(title="accuracy by clip index: classical fit / evaluation estimator")
+    clips = Table(title="accuracy by clip: fit / estimator")
     clips.add_column("set")
     for row in result["basic"]["by_clip"]:
         clips.add_column(str(row["clip"]), justify="right")
@@ -279,29 +283,37 @@ def print_table(result: dict, console: Console | None = None, title: str = "wc_f
 
 
 def print_comparison(before: dict, after: dict, console: Console, title: str) -> None:
-    """Two evaluations side by side (base vs trained) per set: accuracy read by the classical
+    """Two evaluations side by side (base vs trained): per set, accuracy read by the classical
     camera fit (a reader the reward never saw) first, then by the evaluation estimator, each
-    with its change, the change of the reader gap (estimator minus fit: accuracy only a
-    learned reader sees), and VQ; the 3- and 4-key combinations inside the composite set
-    (estimator only)."""
-    table = Table(title=title)
-    for col in ("set", "fit base", "fit trained", "fit change", "est base", "est trained",
-                "est change", "gap change", "base VQ", "trained VQ"):
-        table.add_column(col, justify="right" if col != "set" else "left")
+    with its change, and the change of the reader gap (estimator minus fit: accuracy only a
+    learned reader sees); the 3- and 4-key combinations inside the composite set (estimator
+    only, as "3 keys" and "4 keys"). Then VQ per set, in a table of its own (both fit 80
+    columns)."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("set", no_wrap=True, min_width=max(len(kind) for kind in KINDS))
+    for col in ("fit\nbase", "fit\ntrained", "fit\nchange", "est\nbase", "est\ntrained",
+                "est\nchange", "gap\nchange"):
+        table.add_column(col, justify="right")
     rows = [(kind, before[kind], after[kind]) for kind in KINDS]
-    rows += [(f"  composite, {keys} keys", before["composite"]["by_keys"][keys],
+    rows += [(f"  {keys} keys", before["composite"]["by_keys"][keys],
               after["composite"]["by_keys"][keys]) for keys in ("3", "4")
              if keys in before["composite"]["by_keys"]]
     for name, b, a in rows:
         fit_b, fit_a = _fit(b), _fit(a)
-        fits = (fit_b, fit_a, None if fit_b is None or fit_a is None else fit_a - fit_b)
+        fit_change = None if fit_b is None or fit_a is None else fit_a - fit_b
         est_change = a["accuracy"] - b["accuracy"]
-        gap = None if fits[2] is None else est_change - fits[2]
-        vq = (f"{b['vq']:.3f}", f"{a['vq']:.3f}") if "vq" in b else ("", "")
-        table.add_row(name, _cell(fits[0]), _cell(fits[1]), _cell(fits[2], "+.3f"),
+        gap = None if fit_change is None else est_change - fit_change
+        table.add_row(name, _cell(fit_b), _cell(fit_a), _cell(fit_change, "+.3f"),
                       f"{b['accuracy']:.3f}", f"{a['accuracy']:.3f}", f"{est_change:+.3f}",
-                      _cell(gap, "+.3f"), *vq)
+                      _cell(gap, "+.3f"))
     console.print(table)
+    vq = Table(title="visual quality (evaluation critic)", box=box.SIMPLE_HEAD)
+    for col in ("set", "base", "trained", "change"):
+        vq.add_column(col, justify="right" if col != "set" else "left")
+    for kind in KINDS:
+        b, a = before[kind]["vq"], after[kind]["vq"]
+        vq.add_row(kind, f"{b:.3f}", f"{a:.3f}", f"{a - b:+.3f}")
+    console.print(vq)
 
 
 def save_grid(path: str | Path, frames: dict, estimator, max_rows: int = 4) -> Path:
