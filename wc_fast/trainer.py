@@ -606,8 +606,11 @@ class Trainer:
         every = self.cfg.train.reader_gap_every
         self.read_gap, self.gaps = every > 0 and step % every == 0, []
         s_if, s_vq, spread = self.rewards(groups)
-        gap = (self._global_sum(float(sum(self.gaps))) / self._global_sum(float(len(self.gaps)))
-               if self.read_gap else None)
+        gap = None
+        if self.read_gap:  # every rank measures at the same steps: the sums match
+            count = self._global_sum(float(len(self.gaps)))
+            total = self._global_sum(float(sum(self.gaps)))
+            gap = total / count if count else None
         r, adv = self.advantages(s_if, s_vq, vq_only=vq_only)
         times["reward"] = self._sync_time(t0)
         t0 = time.perf_counter()
