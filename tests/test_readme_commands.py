@@ -4,6 +4,7 @@ config check."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -49,3 +50,25 @@ def test_ci_runs_the_readme_quick_start_as_written():
     ci = (README.parent / ".ci" / "run").read_text().splitlines()
     assert install in ci and test in ci, (install, test)
     assert any(" -m venv " in line for line in ci)
+
+
+def test_print_config_prints_the_resolved_config_and_a_run_keeps_it(tmp_path, capsys):
+    """``--print-config`` prints the resolved config as YAML and exits before anything runs;
+    a run writes the same YAML to ``config.yaml`` in ``--out``."""
+    import yaml
+
+    from wc_fast import config as config_lib
+    from wc_fast.train import main
+
+    args = ["--preset", "smoke", "--steps", "1", "--out", str(tmp_path / "run"),
+            "--rollout.steps", "3"]
+    with pytest.raises(SystemExit) as done:
+        parse_run_args("python -m wc_fast.train", "", [*args, "--print-config"])
+    assert done.value.code == 0 and not (tmp_path / "run").exists()
+    printed = capsys.readouterr().out
+    want = parse_run_args("python -m wc_fast.train", "", args).config
+    # the config as a plain dict, its tuples as the lists YAML holds
+    assert yaml.safe_load(printed) == json.loads(json.dumps(config_lib.to_dict(want)))
+    assert yaml.safe_load(printed)["rollout"]["steps"] == 3
+    assert main(args) == 0
+    assert (tmp_path / "run" / "config.yaml").read_text() == printed

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 import sys
 import typing
@@ -13,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import yaml
 
 from wc_fast import config as config_lib
 
@@ -42,7 +44,7 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
     parser = argparse.ArgumentParser(
         prog=prog, description=description, allow_abbrev=False,
         usage=f"{prog} [-h] [--preset NAME]{base} [--out DIR] [--steps N] "
-              "[--resume | --overwrite] [--debug] [--section.field VALUE ...]",
+              "[--resume | --overwrite] [--print-config] [--debug] [--section.field VALUE ...]",
         epilog="Any config field can be set as --section.field VALUE (e.g. --model.depth 4, "
                "--model.lora_targets to_q,to_k); the defaults listed are the fields' own, "
                "which --preset (and --base) change for some. Sections: "
@@ -62,6 +64,9 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
         parser.add_argument("--base", choices=config_lib.BASES, default="tiny",
                             help="embedded base world model: tiny (TinyWorldDiT) or wan (a "
                                  "diffusers WanTransformer3DModel on pixels); default tiny")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (preset, base and overrides applied) "
+                             "as YAML and exit")
     add_debug(parser)
     paths = _add_config_fields(parser, kind.config_type)
     args, rest = parser.parse_known_args(argv)
@@ -85,8 +90,18 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
         kind.validate(cfg)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.print_config:
+        sys.stdout.write(config_yaml(cfg))
+        sys.exit(0)
     return RunArgs(config=cfg, resume=args.resume, overwrite=args.overwrite,
                    base=getattr(args, "base", "tiny"))
+
+
+def config_yaml(cfg: config_lib.Config | config_lib.PretrainRun) -> str:
+    """The resolved ``cfg`` as YAML, sections in the schema's order (tuples as lists);
+    ``yaml.safe_load`` of it gives :func:`wc_fast.config.to_dict` of ``cfg`` with lists."""
+    plain = json.loads(json.dumps(config_lib.to_dict(cfg)))
+    return yaml.safe_dump(plain, sort_keys=False)
 
 
 def _add_config_fields(parser: argparse.ArgumentParser, config_type: type) -> list[str]:

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from wc_fast import checkpoint
 from wc_fast import config as config_lib
-from wc_fast.cli import RunArgs, parse_run_args, run_main
+from wc_fast.cli import RunArgs, config_yaml, parse_run_args, run_main
 from wc_fast.distributed import (
     DistInfo,
     init_from_env,
@@ -257,6 +257,8 @@ def _run(run: RunArgs, device: torch.device, info: DistInfo) -> int:
     start = 0 if resumed is None else resumed.step
     run_id = checkpoint.new_run_id() if resumed is None else resumed.run_id
     out = Path(cfg.train.out)
+    if info.is_main:  # the resolved config beside the run (python -m wc_fast.train --print-config)
+        checkpoint.write_atomic(out / "config.yaml", config_yaml(cfg).encode())
     log = _open_log(cfg, resumed) if info.is_main else None
     with StopRequest() as stop:
         preempted = _loop(trainer, cfg, info, start, log, stop, console, run_id)
