@@ -126,3 +126,14 @@ def test_a_run_that_trains_everything_still_checkpoints_whole_models(tmp_path):
     assert keys == set(TinyWorldDiT(preset("smoke").model).state_dict())
     assert "base" not in json.loads((ckpt / "meta.json").read_text())
     assert load_checkpoint_model(ckpt, "cpu") is not None
+
+
+def test_a_model_with_buffers_that_trains_every_weight_is_not_partial():
+    """Buffers are not trained weights: a run that trains every parameter of a model holding
+    buffers still checkpoints whole models."""
+    from wc_fast.trainer import Trainer
+
+    cfg = preset("smoke")
+    model = TinyWorldDiT(cfg.model)
+    model.register_buffer("extra", torch.zeros(3))
+    assert not Trainer(cfg, model, torch.device("cpu")).partial

@@ -339,9 +339,10 @@ class Trainer:
     def _reader_gap(self, group: GroupRollout, frames: Tensor, c2w: Tensor) -> float:
         """Mean over the group's candidates of the label IF of camera paths ``c2w`` (the
         reward's reader) minus that of the classical camera fit of the same ``frames``
-        ``[G, F+1, C, H, W]`` (:func:`~wc_fast.evaluation.camera_fit.fit_path`)."""
+        ``[G, F+1, C, H, W]`` (:func:`~wc_fast.evaluation.camera_fit.fit_path`; ``c2w`` itself
+        when the fit is the reward's reader)."""
         rw = self.cfg.reward
-        fitted = fit_path(frames.detach().float().cpu())
+        fitted = c2w if rw.if_reader == "fit" else fit_path(frames.detach().float().cpu())
         trans_gt, rot_gt = split_action(group.clip_actions.cpu())
         reads = [interaction_score(path.double().cpu(), trans_gt, rot_gt,
                                    trans_thresholds=rw.trans_thresholds,
@@ -559,7 +560,7 @@ class Trainer:
     def partial(self) -> bool:
         """Whether this run's checkpoints hold only the trained weights: a LoRA run, or one
         that trains a subset (``optim.trainable conditioning``) without FSDP2."""
-        trains_a_subset = len(self.trained) < len(self.model.state_dict())
+        trains_a_subset = any(not p.requires_grad for p in self.model.parameters())
         return bool(self.cfg.model.lora_rank) or (trains_a_subset and not self.sharded)
 
     def checkpoint_weights(self) -> dict[str, dict[str, Tensor]]:

@@ -93,17 +93,20 @@ def define(name: str, launch: Any, native_impl: Any, native: bool) -> Any:
     return op
 
 
-def fuse(name: str, op: Any, launch: Any, native_impl: Any, native: bool, *,
+def fuse(name: str, launch: Any, native_impl: Any, native: bool, *, fake: Any,
          setup_context: Any = None, backward: Any = None) -> FusedOp:
-    """``op`` (from :func:`define` with ``name`` and the same ``launch``, ``native_impl`` and
-    ``native``) with its direct eager route: the implementation the op dispatches to for a
-    device, under the op's autograd (``setup_context``, ``backward``) when it has one."""
+    """Op ``name`` (:func:`define`) with its ``fake`` kernel and, given ``backward``, its
+    autograd (``setup_context``, ``backward``), and its direct eager route: the implementation
+    the op dispatches to for a device, under the same autograd when it has one."""
+    op = define(name, launch, native_impl, native)
+    op.register_fake(fake)
 
     def impl(device: torch.device) -> Callable:
         return native_impl if device.type == "cpu" and (native or not HAVE_TRITON) else launch
 
     if backward is None:
         return FusedOp(op, lambda *args: impl(args[0].device)(*args))
+    op.register_autograd(backward, setup_context=setup_context)
     return FusedOp(op, _direct_function(name, impl, setup_context, backward).apply)
 
 

@@ -68,12 +68,9 @@ def define_ops(suffix: str, native_cpu: bool) -> dict[str, _registry.FusedOp]:
 
         launch = _on_rows(triton_rows)
     native_impl = _on_rows(native.flow_noise)
-    name = FLOW_NOISE + suffix
-    op = _registry.define(name, launch, native_impl, native_cpu)
-    op.register_fake(_fake)
-    op.register_autograd(_backward, setup_context=_setup_context)
-    return {name: _registry.fuse(name, op, launch, native_impl, native_cpu,
-                                 setup_context=_setup_context, backward=_backward)}
+    return {FLOW_NOISE + suffix: _registry.fuse(
+        FLOW_NOISE + suffix, launch, native_impl, native_cpu, fake=_fake,
+        setup_context=_setup_context, backward=_backward)}
 
 
 # each op with its direct eager route (what wc_kernels.flow_noise calls), and the registered ops

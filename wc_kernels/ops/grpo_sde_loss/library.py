@@ -189,22 +189,17 @@ def define_ops(suffix: str, native_cpu: bool) -> dict[str, Any]:
     forward.register_autograd(lambda ctx, grad: _backward(backward, ctx, grad),
                               setup_context=_setup_context)
 
-    loss_bwd_name, loss_name = GRPO_LOSS_BWD + suffix, GRPO_LOSS + suffix
-    loss_bwd_op = _registry.define(loss_bwd_name, loss_launch_bwd, native_loss_bwd, native_cpu)
-    loss_bwd_op.register_fake(_loss_bwd_fake)
-    loss_bwd = _registry.fuse(loss_bwd_name, loss_bwd_op, loss_launch_bwd, native_loss_bwd,
-                              native_cpu)
-    loss_op = _registry.define(loss_name, loss_launch, native_loss_fwd, native_cpu)
-    loss_op.register_fake(_loss_fake)
+    loss_bwd = _registry.fuse(GRPO_LOSS_BWD + suffix, loss_launch_bwd, native_loss_bwd,
+                              native_cpu, fake=_loss_bwd_fake)
 
     def loss_backward(ctx: Any, *grads: Tensor | None) -> tuple:
         return _loss_backward(loss_bwd, ctx, *grads)
 
-    loss_op.register_autograd(loss_backward, setup_context=_loss_setup_context)
-    loss = _registry.fuse(loss_name, loss_op, loss_launch, native_loss_fwd, native_cpu,
-                          setup_context=_loss_setup_context, backward=loss_backward)
+    loss = _registry.fuse(GRPO_LOSS + suffix, loss_launch, native_loss_fwd, native_cpu,
+                          fake=_loss_fake, setup_context=_loss_setup_context,
+                          backward=loss_backward)
     return {SDE_SUMS_BWD + suffix: backward, SDE_SUMS + suffix: forward,
-            loss_bwd_name: loss_bwd, loss_name: loss}
+            GRPO_LOSS_BWD + suffix: loss_bwd, GRPO_LOSS + suffix: loss}
 
 
 DEFINED = _registry.define_with_twin(define_ops)
