@@ -248,13 +248,13 @@ def test_rl_configs_saved_with_a_pretrain_section_load_without_it():
 
 def test_a_pretraining_runs_saved_config_loads_as_one():
     run = C.build_pretrain_run("smoke")
-    C.apply_pretrain_base(run, "wan")
+    C.apply_base(run, "wan")
     C.validate_pretrain_run(run)
     assert C.from_dict(json.loads(json.dumps(C.to_dict(run)))) == run
 
 
 def test_pretraining_presets_keep_the_shipped_base_models_pretraining():
-    for name in C.EMBEDDED_WORLD_PRESETS:
+    for name in ("cpu", "gpu"):
         run = C.build_pretrain_run(name)
         assert run.model == C.build_preset(name).model
         assert (run.pretrain.steps, run.pretrain.composite_fraction) == (1500, 0.0)
@@ -274,15 +274,15 @@ def test_every_field_has_help(config_type):
             assert isinstance(text, str) and text.strip(), f"{section.name}.{item.name}"
 
 
-def _help(kind: C.RunKind, capsys) -> str:
+def _help(kind: C.RunKind, capsys, *args: str) -> str:
     with pytest.raises(SystemExit) as exit_info:
-        parse_run_args("prog", "d", ["--help"], kind=kind, with_base=True)
+        parse_run_args("prog", "d", ["--help", *args], kind=kind, with_base=True)
     assert exit_info.value.code == 0
     return " ".join(capsys.readouterr().out.split())  # argparse wraps lines
 
 
 def test_help_lists_every_field_with_its_type_default_and_help(capsys):
-    text = _help(C.RL_RUN, capsys)
+    text = _help(C.RL_RUN, capsys, "--preset", "paper")
     for name in C.SECTIONS:
         assert f"{name} section:" in text
         for field_name in C.to_dict(C.Config())[name]:
@@ -292,6 +292,19 @@ def test_help_lists_every_field_with_its_type_default_and_help(capsys):
     assert "--reward.trans_thresholds FLOAT [FLOAT ...] translations per frame" in text
     assert "(default: 0.01,0.02,0.03,0.04,0.05)" in text
     assert "--pretrain." not in text
+
+
+def test_help_shows_the_chosen_presets_or_files_values(capsys, tmp_path):
+    assert "--rollout.steps INT sampler steps per clip (default: 4)" in _help(
+        C.RL_RUN, capsys, "--preset", "smoke")
+    assert "--model.patch INT" in (text := _help(C.RL_RUN, capsys, "--preset", "cpu"))
+    assert "(default: 10)" in text.split("--rollout.steps INT")[1][:60]
+    assert "model.heads (default: 128)" in _help(
+        C.RL_RUN, capsys, "--preset", "smoke", "--base", "wan")
+    file = tmp_path / "mine.yaml"
+    file.write_text("inherits: smoke\nrollout:\n  steps: 7\n")
+    assert "sampler steps per clip (default: 7)" in _help(C.RL_RUN, capsys, "--config",
+                                                          str(file))
 
 
 def test_pretraining_help_lists_the_model_and_pretraining_fields_only(capsys):

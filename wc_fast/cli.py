@@ -31,48 +31,29 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
                    kind: config_lib.RunKind = config_lib.RL_RUN,
                    steps_field: str = "train.steps", out_field: str = "train.out",
                    with_base: bool = False) -> RunArgs:
-    """Parse ``[--preset NAME] [--out DIR] [--steps N] [--resume | --overwrite] [--debug]
-    [--section.field VALUE]`` (``--debug`` is read by :func:`run_main`) into a config of
-    ``kind`` (an RL run's, or a pretraining run's).
+    """Parse ``[--preset NAME | --config FILE] [--out DIR] [--steps N] [--resume |
+    --overwrite] [--print-config] [--debug] [--section.field VALUE]`` (``--debug`` is read by
+    :func:`run_main`) into a config of ``kind`` (an RL run's, or a pretraining run's).
 
-    ``--out`` and ``--steps`` set ``out_field`` and ``steps_field``. ``with_base``: also
-    ``--base NAME``, an embedded base world model (``kind.apply_base``) applied to the preset
-    before the ``--section.field`` overrides.
+    ``--config FILE`` is a YAML file (:mod:`wc_fast.config.files`; it may inherit a preset);
+    ``--preset NAME`` the shipped file of that name. ``--out`` and ``--steps`` set
+    ``out_field`` and ``steps_field``. ``with_base``: also ``--base NAME``, an embedded base
+    world model (``bases/NAME.yaml``) applied to the preset or file before the
+    ``--section.field`` overrides. ``--help`` lists every field with its value in the chosen
+    preset or file.
     """
-    names = config_lib.sections(kind.config_type)
-    base = " [--base NAME]" if with_base else ""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=description, allow_abbrev=False,
-        usage=f"{prog} [-h] [--preset NAME]{base} [--out DIR] [--steps N] "
-              "[--resume | --overwrite] [--print-config] [--debug] [--section.field VALUE ...]",
-        epilog="Any config field can be set as --section.field VALUE (e.g. --model.depth 4, "
-               "--model.lora_targets to_q,to_k); the defaults listed are the fields' own, "
-               "which --preset (and --base) change for some. Sections: "
-               + ", ".join(names) + ".")
-    parser.add_argument("--preset", choices=config_lib.PRESETS, default=None,
-                        help="named configuration (default: the recipe sized for this machine, "
-                             "gpu with CUDA, cpu without)")
-    parser.add_argument("--out", default=None, help=f"output directory ({out_field})")
-    parser.add_argument("--steps", type=int, default=None, help=f"iterations ({steps_field})")
-    start = parser.add_mutually_exclusive_group()
-    start.add_argument("--resume", action="store_true",
-                       help="continue from the latest checkpoint in --out")
-    start.add_argument("--overwrite", action="store_true",
-                       help="start afresh in an --out that holds another run, deleting its "
-                            "checkpoints and metrics.jsonl (without it such an --out is refused)")
+    fields = (out_field, steps_field)
+    start = _start_parser(prog, description, kind, fields, with_base)
+    first, _ = start.parse_known_args(argv)
+    if first.config is not None:
+        cfg = config_lib.load(first.config, kind.config_type)
+    else:
+        cfg = kind.build(first.preset or config_lib.machine_preset(torch.cuda.is_available()))
     if with_base:
-        parser.add_argument("--base", choices=config_lib.BASES, default="tiny",
-                            help="embedded base world model: tiny (TinyWorldDiT) or wan (a "
-                                 "diffusers WanTransformer3DModel on pixels); default tiny")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved config (preset, base and overrides applied) "
-                             "as YAML and exit")
-    add_debug(parser)
-    paths = _add_config_fields(parser, kind.config_type)
+        config_lib.apply_base(cfg, first.base)
+    parser = _start_parser(prog, description, kind, fields, with_base, add_help=True)
+    paths = _add_config_fields(parser, cfg)
     args, rest = parser.parse_known_args(argv)
-    cfg = kind.build(args.preset or config_lib.machine_preset(torch.cuda.is_available()))
-    if with_base:
-        kind.apply_base(cfg, args.base)
     given = vars(args)
     overrides = [(path, ",".join(given[path]) if isinstance(given[path], list) else given[path])
                  for path in paths if path in given]
@@ -97,6 +78,48 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
                    base=getattr(args, "base", "tiny"))
 
 
+def _start_parser(prog: str, description: str, kind: config_lib.RunKind,
+                  fields: tuple[str, str], with_base: bool, add_help: bool = False
+                  ) -> argparse.ArgumentParser:
+    """The options besides the config fields (``fields``: those ``--out`` and ``--steps``
+    set). Parsed once without ``--help`` to find the preset or file, whose values the full
+    parser's ``--help`` then shows."""
+    names = config_lib.sections(kind.config_type)
+    base = " [--base NAME]" if with_base else ""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, allow_abbrev=False, add_help=add_help,
+        usage=f"{prog} [-h] [--preset NAME | --config FILE]{base} [--out DIR] [--steps N] "
+              "[--resume | --overwrite] [--print-config] [--debug] [--section.field VALUE ...]",
+        epilog="Any config field can be set as --section.field VALUE (e.g. --model.depth 4, "
+               "--model.lora_targets to_q,to_k); the defaults listed are the chosen preset's "
+               "or file's (with --base applied). Sections: " + ", ".join(names) + ".")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--preset", choices=config_lib.PRESETS, default=None,
+                        help="a shipped configuration, wc_fast/config/presets/NAME.yaml "
+                             "(default: the recipe sized for this machine, gpu with CUDA, cpu "
+                             "without)")
+    source.add_argument("--config", default=None, metavar="FILE",
+                        help="a YAML config file: {section: {field: value}}, optionally "
+                             "'inherits: [PRESET or FILE.yaml, ...]' applied first")
+    parser.add_argument("--out", default=None, help=f"output directory ({fields[0]})")
+    parser.add_argument("--steps", type=int, default=None, help=f"iterations ({fields[1]})")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help="continue from the latest checkpoint in --out")
+    start.add_argument("--overwrite", action="store_true",
+                       help="start afresh in an --out that holds another run, deleting its "
+                            "checkpoints and metrics.jsonl (without it such an --out is refused)")
+    if with_base:
+        parser.add_argument("--base", choices=config_lib.BASES, default="tiny",
+                            help="embedded base world model: tiny (TinyWorldDiT) or wan (a "
+                                 "diffusers WanTransformer3DModel on pixels); default tiny")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (preset or file, base and overrides "
+                             "applied) as YAML and exit")
+    add_debug(parser)
+    return parser
+
+
 def config_yaml(cfg: config_lib.Config | config_lib.PretrainRun) -> str:
     """The resolved ``cfg`` as YAML, sections in the schema's order (tuples as lists);
     ``yaml.safe_load`` of it gives :func:`wc_fast.config.to_dict` of ``cfg`` with lists."""
@@ -104,13 +127,15 @@ def config_yaml(cfg: config_lib.Config | config_lib.PretrainRun) -> str:
     return yaml.safe_dump(plain, sort_keys=False)
 
 
-def _add_config_fields(parser: argparse.ArgumentParser, config_type: type) -> list[str]:
-    """An option ``--section.field`` per field of ``config_type``, one argument group per
-    section, each with its type, default and ``help`` metadata; returns the fields' paths.
+def _add_config_fields(parser: argparse.ArgumentParser,
+                       cfg: config_lib.Config | config_lib.PretrainRun) -> list[str]:
+    """An option ``--section.field`` per field of ``cfg``'s schema, one argument group per
+    section, each with its type, its value in ``cfg`` as the default and its ``help``
+    metadata; returns the fields' paths.
     Values stay text (a tuple field's several values joined by commas):
     :func:`wc_fast.config.apply_override` parses them."""
     paths = []
-    for section in dataclasses.fields(config_type):
+    for section in dataclasses.fields(type(cfg)):
         if section.name == "preset":
             continue
         section_type = section.default_factory
@@ -127,7 +152,8 @@ def _add_config_fields(parser: argparse.ArgumentParser, config_type: type) -> li
             group.add_argument(f"--{path}", dest=path, default=argparse.SUPPRESS,
                                nargs="+" if several else None,
                                metavar=_metavar(hints[item.name]),
-                               help=f"{text} (default: {_shown(item.default)})"
+                               help=f"{text} (default: "
+                                    f"{_shown(getattr(getattr(cfg, section.name), item.name))})"
                                .replace("%", "%%"))
             paths.append(path)
     return paths

@@ -1,0 +1,54 @@
+"""Configs saved by a run (a checkpoint's ``meta.json``, ``config.yaml``) read back, including
+those of earlier versions: retired fields and sections dropped, renamed ones mapped."""
+
+from __future__ import annotations
+
+from wc_fast.config.fields import RENAMED_FIELDS, coerce, section_types
+from wc_fast.config.schema import PRETRAIN_SECTIONS, Config, PretrainRun, sections
+from wc_fast.config.validation import validate, validate_pretrain_run
+
+# fields and values that configs saved by earlier versions may hold: dropped (they had no
+# effect) or mapped to their current name
+RETIRED_FIELDS = ("train.log_every",)
+RENAMED_VALUES = {"optim.optimizer": {"muon_adamw": "muon"},
+                  "rollout.candidate_noise": {"noise": "independent"}}
+# sections that RL configs saved by earlier versions hold, dropped: the RL run's config held
+# the pretraining section until pretraining got its own config (PretrainRun)
+RETIRED_SECTIONS = ("pretrain",)
+
+
+def is_pretrain_dict(data: dict) -> bool:
+    """Whether a saved config dict is a pretraining run's (:class:`PretrainRun`: its sections
+    and no other) rather than an RL run's."""
+    return "pretrain" in data and set(data) <= {"preset", *PRETRAIN_SECTIONS}
+
+
+def from_dict(data: dict) -> Config | PretrainRun:
+    """Inverse of :func:`wc_fast.config.to_dict`, validated: a :class:`PretrainRun` for a
+    pretraining run's dict (:func:`is_pretrain_dict`), else a :class:`Config` (an RL config
+    saved by an earlier version may hold a :data:`RETIRED_SECTIONS` section, dropped). Unknown
+    sections or fields raise ``ValueError``."""
+    pretraining = is_pretrain_dict(data)
+    cfg = (PretrainRun if pretraining else Config)(preset=data.get("preset", "paper"))
+    names = sections(type(cfg))
+    for name, values in data.items():
+        if name == "preset" or (not pretraining and name in RETIRED_SECTIONS):
+            continue
+        if name not in names:
+            raise ValueError(f"unknown config section {name!r}")
+        section = getattr(cfg, name)
+        types_ = section_types(section)
+        for key, value in values.items():
+            path = f"{name}.{key}"
+            if path in RETIRED_FIELDS:
+                continue
+            if path in RENAMED_FIELDS:
+                path = RENAMED_FIELDS[path]
+                key = path.split(".")[1]
+            if path in RENAMED_VALUES:
+                value = RENAMED_VALUES[path].get(value, value)
+            if key not in types_:
+                raise ValueError(f"unknown config field {path}")
+            setattr(section, key, coerce(types_[key], value))
+    (validate_pretrain_run if pretraining else validate)(cfg)
+    return cfg
