@@ -1,6 +1,7 @@
 """``train.update flow_grpo``: SDE rollouts with recorded log-probabilities, the PPO-clipped
 GRPO loss on them, Flow-GRPO-Fast's window, DanceGRPO's shared noise, resume and ranks."""
 
+import dataclasses
 import json
 import math
 import shutil
@@ -127,13 +128,13 @@ def test_first_update_has_ratio_one(monkeypatch, loss_calls):
     recorded one, given the candidate's own motion latents and the recomputed history cache."""
     trainer = _trainer(monkeypatch)
     velocity = []
-    real = trainer.velocities["model"]
+    real = trainer.context.velocity
 
     def spy(*args, **kw):
         velocity.append(kw["motion"])
         return real(*args, **kw)
 
-    monkeypatch.setitem(trainer.velocities, "model", spy)
+    monkeypatch.setattr(trainer, "context", dataclasses.replace(trainer.context, velocity=spy))
     rollouts = _record(monkeypatch, trainer, "rollout")
     trainer.iteration(1)  # clip 2: the current model builds its own history cache
     ((_, (group,)),) = rollouts

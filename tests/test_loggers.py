@@ -48,7 +48,7 @@ def _checkpoint(out: Path, step: int) -> checkpoint.Checkpoint:
 def test_row_keys_map_to_torchtitan_style_names():
     row = {"step": 3, "loss": 0.5, "mfu": 0.25, "rollout_s": 1.5, "new_key": 2,
            "note": "text", "flag": True}
-    assert tracked_scalars(row) == {"loss_metrics/nft_loss": 0.5, "mfu(%)": 25.0,
+    assert tracked_scalars(row) == {"loss_metrics/loss": 0.5, "mfu(%)": 25.0,
                                     "time_metrics/rollout_s": 1.5, "misc/new_key": 2}
 
 
@@ -82,7 +82,7 @@ def test_resume_drops_events_after_the_resumed_step(tmp_path):
                      trackers=[TensorBoardLog(board, resume_step=1)])
     log.append({"step": 2, "loss": 20.0})
     log.close()
-    assert _scalars(board, "loss_metrics/nft_loss") == [(1, 1.0), (2, 20.0)]
+    assert _scalars(board, "loss_metrics/loss") == [(1, 1.0), (2, 20.0)]
 
 
 def _wandb_records(path: Path) -> list:

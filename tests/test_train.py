@@ -225,7 +225,7 @@ def test_compile_without_a_cpp_compiler_warns_and_trains_eagerly(monkeypatch):
     with pytest.warns(UserWarning, match="no C.. compiler.*runs eagerly"):
         trainer = Trainer(cfg, model, torch.device("cpu"))
     assert not trainer.compiled
-    assert trainer.velocities["model"] == trainer.model.velocity
+    assert trainer.context.velocity == trainer.model.velocity
     cfg.nft.compile = False
     assert not Trainer(cfg, TinyWorldDiT(cfg.model), torch.device("cpu")).compiled
 

@@ -1,6 +1,7 @@
 """Each trainer option takes effect: one smoke iteration with spies on what reaches the loss,
 the optimizers, the sampler and the caches."""
 
+import dataclasses
 import json
 
 import pytest
@@ -127,24 +128,29 @@ def test_micro_batch_splits_the_loss_calls(monkeypatch, loss_calls, micro, sizes
 
 
 def _record(monkeypatch, owner, name: str) -> list[tuple]:
-    """Wrap ``owner.name`` (``owner[name]`` for a dict); every call's (args, result)."""
+    """Wrap ``owner.name`` (for a trainer's velocity role, ``trainer.context.name``); every
+    call's (args, result)."""
     calls = []
-    is_dict = isinstance(owner, dict)
-    real = owner[name] if is_dict else getattr(owner, name)
+    in_context = isinstance(owner, Trainer) and name.endswith("velocity")
+    real = getattr(owner.context if in_context else owner, name)
 
     def wrapper(*args, **kw):
         out = real(*args, **kw)
         calls.append((args, out))
         return out
 
-    (monkeypatch.setitem if is_dict else monkeypatch.setattr)(owner, name, wrapper)
+    if in_context:
+        monkeypatch.setattr(owner, "context",
+                            dataclasses.replace(owner.context, **{name: wrapper}))
+    else:
+        monkeypatch.setattr(owner, name, wrapper)
     return calls
 
 
 @pytest.mark.parametrize("mode", ["old_model", "detached_current"])
 def test_old_prediction_source(monkeypatch, loss_calls, mode):
     trainer = _trainer(monkeypatch, nft__old_prediction=mode)
-    old_calls = _record(monkeypatch, trainer.velocities, "old")
+    old_calls = _record(monkeypatch, trainer, "old_velocity")
     trainer.iteration(0)
     assert loss_calls
     if mode == "detached_current":
@@ -187,7 +193,7 @@ def test_velocity_kl_is_the_rows_mean_squared_velocity_difference():
 def test_nft_keeps_no_reference_without_a_kl(monkeypatch, kl_calls):
     trainer = _trainer(monkeypatch)
     stats = trainer.iteration(0)
-    assert trainer.ref is None and "ref" not in trainer.velocities and not kl_calls
+    assert trainer.ref is None and trainer.context.ref_velocity is None and not kl_calls
     assert stats.kl is None
 
 
@@ -197,7 +203,7 @@ def test_nft_kl_to_the_frozen_initial_model_reaches_the_loss(monkeypatch, loss_c
     stays the initial model."""
     trainer = _trainer(monkeypatch, nft__kl_beta="0.5")
     init = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    ref_calls = _record(monkeypatch, trainer.velocities, "ref")
+    ref_calls = _record(monkeypatch, trainer, "ref_velocity")
     trainer.iteration(0)
     first = len(kl_calls)
     assert first == len(loss_calls) == len(ref_calls) > 0
@@ -221,19 +227,19 @@ def test_nft_kl_adds_its_weighted_rows_to_the_micro_loss(monkeypatch):
     (group,) = trainer.rollout(0, 1)
     s_if, s_vq, _ = _ranked_scores(trainer, [group])
     r, adv = trainer.advantages(s_if, s_vq)
-    chosen = trainer.rule.kept(trainer, 0, adv)[0]
-    item = trainer.rule.items(trainer, 0, 0, group, r[0], adv[0], chosen)
+    chosen = trainer.rule.kept(trainer.context, 0, adv)[0]
+    item = trainer.rule.items(trainer.context, 0, 0, group, r[0], adv[0], chosen)
     part = torch.arange(len(item.candidate))
     with torch.no_grad():
         cache = trainer.model.build_cache_parallel(group.history[:1], group.history_actions[:1],
                                                    sigma=trainer.model.context_sigma)
-    frozen, _ = trainer.rule.frozen_caches(trainer, group, 0, group.caches[0])
+    frozen, _ = trainer._frozen_caches(group, 0, group.caches[0])
     assert set(frozen) == {"old", "ref"}
     scale = 1.0 / len(part)
 
     def loss_and_grad(caches):
         trainer.model.zero_grad()
-        loss = trainer.rule.micro_loss(trainer, item, part, group.clip_actions, cache,
+        loss = trainer.rule.micro_loss(trainer.context, item, part, group.clip_actions, cache,
                                        caches, scale).loss
         loss.backward()
         return loss.detach(), [p.grad.clone() for p in trainer.model.parameters()
@@ -271,7 +277,7 @@ def test_rollout_mode_sets_whose_history_candidates_share(monkeypatch, mode):
 
 def test_sample_level_training_predicts_over_each_candidates_own_history(monkeypatch):
     trainer = _trainer(monkeypatch, rollout__mode="sample", nft__context_kv="reuse")
-    velocity = _record(monkeypatch, trainer.velocities, "model")
+    velocity = _record(monkeypatch, trainer, "velocity")
     rollouts = _record(monkeypatch, trainer, "rollout")
     trainer.iteration(1)
     ((_, (group,)),) = rollouts
@@ -303,7 +309,7 @@ def test_candidate_noise_reaches_the_sampler(monkeypatch, candidate_noise):
 def test_context_kv_reuses_or_recomputes_the_history_cache(monkeypatch, mode, builds):
     trainer = _trainer(monkeypatch, nft__context_kv=mode)
     build_calls = _record(monkeypatch, trainer.model, "build_cache_parallel")
-    velocity = _record(monkeypatch, trainer.velocities, "model")
+    velocity = _record(monkeypatch, trainer, "velocity")
     rollouts = _record(monkeypatch, trainer, "rollout")
     trainer.iteration(1)
     built = [cache for _, cache in build_calls]

@@ -104,11 +104,11 @@ class BestOfGroup(Update):
             return rollout_clip_level(*args, **kw)
         return run
 
-    def kept(self, trainer, step, adv):
+    def kept(self, ctx, step, adv):
         self.calls.append("kept")
         return adv.argmax(dim=1, keepdim=True)
 
-    def items(self, trainer, step, gid, group, r, adv, chosen):
+    def items(self, ctx, step, gid, group, r, adv, chosen):
         self.calls.append("items")
         x0 = group.candidates[chosen]
         noise = torch.randn(x0.shape, generator=generator(0, step, gid))
@@ -116,10 +116,9 @@ class BestOfGroup(Update):
         return BestItems(group=group, x_t=0.5 * x0 + 0.5 * noise, v_target=noise - x0,
                          sigma=sigma, candidate=chosen.tolist())
 
-    def micro_loss(self, trainer, item, part, actions, cache: ContextCache, frozen,
-                   scale):
+    def micro_loss(self, ctx, item, part, actions, cache: ContextCache, frozen, scale):
         self.calls.append("micro_loss")
-        v = trainer.velocities["model"](item.x_t[part], item.sigma[part], actions, cache)
+        v = ctx.velocity(item.x_t[part], item.sigma[part], actions, cache)
         loss = (v - item.v_target[part]).square().mean() * (len(part) * scale)
         self.losses.append(loss.item())
         return MicroLoss(loss, 0.0)

@@ -22,7 +22,7 @@ from wc_fast.extras import require
 # its value is multiplied by (the row's mfu is a fraction, its tag a percentage). Keys not
 # listed here are tracked as ``misc/<key>``; metrics.jsonl keeps the flat keys.
 TAGS: dict[str, tuple[str, float]] = {
-    "loss": ("loss_metrics/nft_loss", 1.0),
+    "loss": ("loss_metrics/loss", 1.0),  # the update rule's (its name: the config's update)
     "kl": ("loss_metrics/kl", 1.0),
     "if_mean": ("reward/if_mean", 1.0),
     "vq_mean": ("reward/vq_mean", 1.0),
@@ -234,10 +234,12 @@ def _running_mean(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot_rewards(rows: list[dict], path: str | Path) -> Path | None:
+def plot_rewards(rows: list[dict], path: str | Path, loss_title: str = "loss"
+                 ) -> Path | None:
     """Reward curves like the WorldCompass paper's Figure 2: IF and VQ per iteration, the loss
-    (where an update was made), the motion spread of basic and composite groups, and the
-    reader gap on the iterations that measured it (``train.reader_gap_every``)."""
+    (where an update was made; titled ``loss_title``, the update rule's), the motion spread of
+    basic and composite groups, and the reader gap on the iterations that measured it
+    (``train.reader_gap_every``)."""
     if not rows:
         return None
     import matplotlib
@@ -248,7 +250,7 @@ def plot_rewards(rows: list[dict], path: str | Path) -> Path | None:
     gaps = [(r["step"], r["reader_gap"]) for r in rows if r.get("reader_gap") is not None]
     fig, axes = plt.subplots(1, 5 if gaps else 4, figsize=(20 if gaps else 16, 3.2))
     for ax, key, title in zip(axes[:3], ("if_mean", "vq_mean", "loss"),
-                              ("interaction following (IF)", "visual quality (VQ)", "NFT loss"),
+                              ("interaction following (IF)", "visual quality (VQ)", loss_title),
                               strict=True):
         # an iteration whose every update was skipped logs no loss (null)
         steps = [r["step"] for r in rows if r[key] is not None]

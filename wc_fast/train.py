@@ -176,7 +176,8 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
                 or step + 1 == cfg.train.steps):
             path = _save(trainer, cfg, step + 1, info.is_main,
                          {} if log is None else log.state(), run_id)
-            if log is not None and (plot := plot_rewards(log.rows, out / "rewards.png")):
+            if log is not None and (plot := plot_rewards(log.rows, out / "rewards.png",
+                                                         trainer.rule.loss_title)):
                 log.image("plots/rewards", plot, step + 1)
         if faulted:
             bar.close()

@@ -30,6 +30,7 @@ import functools
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -70,10 +71,10 @@ from wc_fast.rewards.motion_spread import (
 from wc_fast.rewards.render_reader import press_track
 from wc_fast.rewards.scorers import RewardModels, build_reward_models
 from wc_fast.rewards.scoring import camera_poses
-from wc_fast.rollout import GroupRollout, MotionExploration
+from wc_fast.rollout import NO_EXPLORATION, GroupRollout, MotionExploration
 from wc_fast.runtime import compile_unavailable, generator, stream_seed
 from wc_fast.sampler import ClipSampler
-from wc_fast.updates import CPU_MICRO_BATCH, Items, Update, build_update
+from wc_fast.updates import CPU_MICRO_BATCH, Items, Update, UpdateContext, build_update
 from wc_fast.world import sample_sequences
 
 # redraws of a decoupled iteration's prompt before giving up (with the validated filter a
@@ -241,21 +242,31 @@ class Trainer:
                                    candidate_noise=ro.candidate_noise, sde_noise=ro.sde_noise,
                                    noise_warp=ro.noise_warp)
         self.explore = MotionExploration(action=ro.action_exploration, warp=ro.warp_exploration)
-        # the velocity of each model by role, compiled with nft.compile
-        self.velocities = {"model": self.model.velocity, "old": self.old.velocity}
-        if self.ref is not None:
-            self.velocities["ref"] = self.ref.velocity
         why_not = compile_unavailable(device) if cfg.nft.compile else None
         if why_not:
             warnings.warn(f"nft.compile: {why_not}; the train phase runs eagerly", stacklevel=2)
         self.compiled = cfg.nft.compile and why_not is None
-        if self.compiled:
-            self.velocities = {k: torch.compile(fn) for k, fn in self.velocities.items()}
+        self.context = self._update_context()
         rewards = build_reward_models(cfg, device) if rewards is None else rewards
         self.estimator, self.critic = rewards.estimator, rewards.critic
         # the reward estimator's own error on ground-truth renders: the unit of motion_spread
         self.estimator_error = estimator_motion_error(
             self.estimator, clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
+
+    def _update_context(self) -> UpdateContext:
+        """What the rule sees of this run: each model's velocity by role (compiled with
+        nft.compile), the rank's groups and the sampler's largest sigma."""
+        def fn(model: WorldModel | None) -> Callable[..., Tensor] | None:
+            if model is None:
+                return None
+            return torch.compile(model.velocity) if self.compiled else model.velocity
+
+        return UpdateContext(device=self.device, velocity=fn(self.model),
+                             old_velocity=fn(self.old), ref_velocity=fn(self.ref),
+                             velocity_flops=self.model.velocity_flops,
+                             sigma_max=self.sampler.sigmas[1],
+                             group_ids=tuple(self.group_ids()),
+                             exploring=self.explore != NO_EXPLORATION)
 
     @staticmethod
     def _check_exploration(cfg: Config, model: WorldModel) -> None:
@@ -395,7 +406,7 @@ class Trainer:
         """``optim.updates_per_iteration`` updates of the current model by the rule on the
         candidates it keeps."""
         c = self.cfg
-        kept = self.rule.kept(self, step, adv)
+        kept = self.rule.kept(self.context, step, adv)
         flat = (adv == 0).all(dim=1)
         # kept positions in a random order before they are split into updates, so each update
         # sees positives and negatives (in kept order the first saw only the best)
@@ -403,7 +414,8 @@ class Trainer:
         chunks = order.tensor_split(c.optim.updates_per_iteration)
         losses, flops, bad, kl_sum, kl_rows = [], 0.0, 0, 0.0, 0.0
         for chunk in chunks:
-            batches = [self.rule.items(self, step, gid, group, r[b], adv[b], kept[b, chunk])
+            batches = [self.rule.items(self.context, step, gid, group, r[b], adv[b],
+                                       kept[b, chunk])
                        for b, (gid, group) in enumerate(zip(self.group_ids(), groups,
                                                             strict=True)) if not flat[b]]
             total = self._global_sum(float(sum(len(item.candidate) for item in batches)))
@@ -508,6 +520,20 @@ class Trainer:
         # with gradient, the backward through the cache costs about twice its forward
         return cache, flops * (3 if mode == "recompute_grad" else 1)
 
+    def _frozen_caches(self, group: GroupRollout, row: int, old_cache: ContextCache
+                       ) -> tuple[dict[str, ContextCache], float]:
+        """The frozen models' history caches of history ``row`` by role, which the rule's loss
+        reads: the old model's own ``old_cache`` as ``"old"`` and, with a reference model,
+        its cache (built here) as ``"ref"``; and the FLOPs spent."""
+        caches = {"old": old_cache}
+        if self.ref is None:
+            return caches, 0.0
+        with torch.no_grad():
+            caches["ref"] = self.ref.build_cache_parallel(group.history[row:row + 1],
+                                                          group.history_actions[row:row + 1],
+                                                          sigma=self.ref.context_sigma)
+        return caches, self.ref.history_flops(group.history.shape[1])
+
     def _accumulate(self, item: Items, total: float) -> tuple[float, float, float]:
         """Backward of the item's loss sum / ``total`` in micro-batches over shared caches;
         returns that value (the item's share of the step's mean loss), the FLOPs and the sum
@@ -522,12 +548,13 @@ class Trainer:
             idx = torch.tensor([i for i, o in enumerate(rows) if o == row])
             old_cache = group.caches[row]
             cache, cache_flops = self._current_cache(group, row, old_cache)
-            frozen, frozen_flops = self.rule.frozen_caches(self, group, row, old_cache)
+            frozen, frozen_flops = self._frozen_caches(group, row, old_cache)
             flops += cache_flops + frozen_flops
             parts = idx.split(micro)
             for j, part in enumerate(parts):
-                loss, f, kl = self.rule.micro_loss(self, item, part, group.clip_actions,
-                                                   cache, frozen, 1.0 / total)
+                loss, f, kl = self.rule.micro_loss(self.context, item, part,
+                                                   group.clip_actions, cache, frozen,
+                                                   1.0 / total)
                 last = j == len(parts) - 1
                 loss.backward(retain_graph=nf.context_kv == "recompute_grad" and not last)
                 loss_sum += loss.item()

@@ -67,7 +67,8 @@ RL_RUN = RunKind(Config, build_preset, validate)
 PRETRAIN_RUN = RunKind(PretrainRun, build_pretrain_run, validate_pretrain_run)
 
 __all__ = ["BASES", "MAX_GIB_PER_RANK", "NEEDS_MODEL_PATH", "PRESETS", "PRESET_DIR",
-           "PRETRAIN_RUN", "RETIRED_SECTIONS", "RL_RUN", "SIZE_FIELDS", "RunKind", "apply_base", "apply_override",
+           "PRETRAIN_RUN", "RETIRED_SECTIONS", "RL_RUN", "SIZE_FIELDS", "RunKind", "apply_base",
+           "apply_override",
            "apply_values", "build_preset", "build_pretrain_run", "from_dict",
            "is_pretrain_dict", "load", "machine_preset", "memory_estimate", "preset",
            "resolve_file", "shipped_path", "to_dict", "validate", "validate_model",

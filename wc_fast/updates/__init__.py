@@ -2,7 +2,7 @@
 (:class:`Update`), NFT and Flow-GRPO, and the factory that picks one from ``train.update``."""
 
 from wc_fast.config import Config
-from wc_fast.updates.base import CPU_MICRO_BATCH, Items, MicroLoss, Update
+from wc_fast.updates.base import CPU_MICRO_BATCH, Items, MicroLoss, Update, UpdateContext
 from wc_fast.updates.grpo import GRPOItems, GRPOUpdate
 from wc_fast.updates.nft import NFTItems, NFTUpdate
 
@@ -18,5 +18,5 @@ def build_update(cfg: Config) -> Update:
     return UPDATES[name](cfg)
 
 
-__all__ = ["CPU_MICRO_BATCH", "Items", "MicroLoss", "Update", "NFTItems", "NFTUpdate", "GRPOItems",
-           "GRPOUpdate", "UPDATES", "build_update"]
+__all__ = ["CPU_MICRO_BATCH", "Items", "MicroLoss", "Update", "UpdateContext", "NFTItems",
+           "NFTUpdate", "GRPOItems", "GRPOUpdate", "UPDATES", "build_update"]

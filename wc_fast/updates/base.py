@@ -2,16 +2,18 @@
 section 4.4).
 
 The trainer rolls out, scores and computes advantages the same way for every rule, then asks
-its one :class:`Update` which candidates each group keeps, what rows they become, which
-frozen model's cache the loss compares against, and the loss of a micro-batch of rows; it
-never asks which rule it holds.
+its one :class:`Update` which candidates each group keeps, what rows they become and the loss
+of a micro-batch of rows; it never asks which rule it holds. A rule sees the run through an
+:class:`UpdateContext` (the models' velocity functions, the rank's groups, the schedule's
+largest sigma), never the trainer.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -21,9 +23,6 @@ from wc_fast.ema import ema_decay
 from wc_fast.models import ContextCache, WorldModel
 from wc_fast.optim import frozen_copy
 from wc_fast.rollout import GroupRollout
-
-if TYPE_CHECKING:
-    from wc_fast.trainer import Trainer
 
 # rows per micro-batch on a CPU when ``nft.micro_batch`` is 0 (a GPU takes all rows at once)
 CPU_MICRO_BATCH = 32
@@ -45,12 +44,31 @@ class Items(Protocol):
     candidate: list[int]
 
 
+# a world model's velocity: (x_t [N, F, C, H, W], sigma [N], actions, cache, motion=...) -> v
+Velocity = Callable[..., Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateContext:
+    """What an update rule is given of the run: the velocity functions by role (compiled with
+    ``nft.compile``), the cost of one, this rank's groups and the sampler's schedule. Built
+    once by the trainer."""
+
+    device: torch.device
+    velocity: Velocity  # the current model's, with gradient
+    old_velocity: Velocity  # the old (rollout) model's
+    ref_velocity: Velocity | None  # the frozen initial model's, with a KL; else None
+    velocity_flops: Callable[[int, int], float]  # (rows, history tokens) -> FLOPs of a forward
+    sigma_max: float  # the largest sigma the sampler steps from (its schedule's second)
+    group_ids: tuple[int, ...]  # global indices of this rank's groups
+    exploring: bool  # whether rollouts explore in camera motion (rollout.*_exploration)
+
+
 class Update(ABC):
     """One update rule: items from a group, their micro-batch loss, and the old model's EMA.
+    Every method that needs the run's models or groups takes an :class:`UpdateContext`."""
 
-    Every method that needs the models, the sampler or the velocity functions takes the
-    :class:`~wc_fast.trainer.Trainer` holding them.
-    """
+    loss_title = "loss"  # how plots name the rule's loss (metrics.jsonl logs it as "loss")
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -76,37 +94,24 @@ class Update(ABC):
         prompt, actions, clip_index, group_size, generator, explore=...)``."""
 
     @abstractmethod
-    def kept(self, trainer: Trainer, step: int, adv: Tensor) -> Tensor:
+    def kept(self, ctx: UpdateContext, step: int, adv: Tensor) -> Tensor:
         """The candidates each of the rank's groups trains on ``[B, K]``, from the combined
         advantages ``adv`` ``[B, G]``."""
 
     @abstractmethod
-    def items(self, trainer: Trainer, step: int, gid: int, group: GroupRollout, r: Tensor,
+    def items(self, ctx: UpdateContext, step: int, gid: int, group: GroupRollout, r: Tensor,
               adv: Tensor, chosen: Tensor) -> Items:
         """What the ``chosen`` candidates ``[K']`` of global group ``gid`` are trained on;
         ``r`` optimality and ``adv`` advantage ``[G]``."""
 
-    def frozen_caches(self, trainer: Trainer, group: GroupRollout, row: int,
-                      old_cache: ContextCache) -> tuple[dict[str, ContextCache], float]:
-        """The frozen models' history caches of history ``row`` that :meth:`micro_loss` gets
-        as ``frozen``, by velocity role: the old model's own ``old_cache`` as ``"old"`` and,
-        with a reference model, its cache (built here) as ``"ref"``; and the FLOPs spent."""
-        caches, ref = {"old": old_cache}, trainer.ref
-        if ref is None:
-            return caches, 0.0
-        with torch.no_grad():
-            caches["ref"] = ref.build_cache_parallel(group.history[row:row + 1],
-                                                     group.history_actions[row:row + 1],
-                                                     sigma=ref.context_sigma)
-        return caches, ref.history_flops(group.history.shape[1])
-
     @abstractmethod
-    def micro_loss(self, trainer: Trainer, item: Items, part: Tensor, actions: Tensor,
+    def micro_loss(self, ctx: UpdateContext, item: Items, part: Tensor, actions: Tensor,
                    cache: ContextCache, frozen: dict[str, ContextCache], scale: float
                    ) -> MicroLoss:
         """The loss of rows ``part`` of ``item`` (its share of the step's mean: weighted by
         ``scale`` = 1 / rows of the step), its FLOPs and, with a KL, each row's KL.
-        ``cache``: the current model's history cache, ``frozen``: :meth:`frozen_caches`'s."""
+        ``cache``: the current model's history cache; ``frozen``: the frozen models' caches of
+        the same history by role, ``"old"`` and, with a reference model, ``"ref"``."""
 
     def ema_decay(self, step: int, schedule_steps: int) -> float:
         """The old model's EMA decay at iteration ``step`` of a schedule over

@@ -8,19 +8,15 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from wc_fast.models import ContextCache
-from wc_fast.rollout import NO_EXPLORATION, GroupRollout, rollout_clip_level
+from wc_fast.rollout import GroupRollout, rollout_clip_level
 from wc_fast.runtime import generator
-from wc_fast.updates.base import CPU_MICRO_BATCH, MicroLoss, Update
+from wc_fast.updates.base import CPU_MICRO_BATCH, MicroLoss, Update, UpdateContext
 from wc_kernels import grpo_sde_loss, sde_log_prob
-
-if TYPE_CHECKING:
-    from wc_fast.trainer import Trainer
 
 
 @dataclass(slots=True)
@@ -47,6 +43,8 @@ class GRPOUpdate(Update):
     validation keeps it so), every candidate kept, ``grpo.*`` for the loss; the old model is
     the current one after each update with ``grpo.on_policy``."""
 
+    loss_title = "Flow-GRPO loss"
+
     @property
     def kl_beta(self) -> float:
         return self.cfg.grpo.kl_beta
@@ -54,16 +52,16 @@ class GRPOUpdate(Update):
     def rollout_fn(self) -> Callable[..., GroupRollout]:
         return functools.partial(rollout_clip_level, grpo=self.cfg.grpo)
 
-    def kept(self, trainer: Trainer, step: int, adv: Tensor) -> Tensor:
+    def kept(self, ctx: UpdateContext, step: int, adv: Tensor) -> Tensor:
         """All ``G`` candidates of every group."""
         return torch.arange(adv.shape[1]).expand(adv.shape[0], -1)
 
-    def items(self, trainer: Trainer, step: int, gid: int, group: GroupRollout, r: Tensor,
+    def items(self, ctx: UpdateContext, step: int, gid: int, group: GroupRollout, r: Tensor,
               adv: Tensor, chosen: Tensor) -> GRPOItems:
         """The chosen candidates at ``ceil(grpo.timestep_fraction K)`` distinct ones of their
         ``K`` recorded SDE steps each (all ``K`` with a ``grpo.window``), drawn per candidate;
         with exploration, the old log-probabilities rescored under the commanded keys."""
-        cfg, device = self.cfg, trainer.device
+        cfg, device = self.cfg, ctx.device
         gr, traj = cfg.grpo, group.trajectory
         total = len(traj.index)
         k = total if gr.window else math.ceil(gr.timestep_fraction * total)
@@ -77,8 +75,8 @@ class GRPOUpdate(Update):
         sample, prev_sample = traj.sample[steps, rows], traj.prev_sample[steps, rows]
         sigma, sigma_next = traj.sigma[steps], traj.sigma_next[steps]
         old_log_prob = traj.log_prob[steps, rows]
-        if trainer.explore != NO_EXPLORATION:
-            old_log_prob = self._commanded_log_prob(trainer, group, sample, prev_sample, sigma,
+        if ctx.exploring:
+            old_log_prob = self._commanded_log_prob(ctx, group, sample, prev_sample, sigma,
                                                     sigma_next, motion)
         return GRPOItems(group=group, sample=sample, prev_sample=prev_sample, sigma=sigma,
                          sigma_next=sigma_next, old_log_prob=old_log_prob,
@@ -86,7 +84,7 @@ class GRPOUpdate(Update):
                          motion=motion)
 
     @torch.no_grad()
-    def _commanded_log_prob(self, trainer: Trainer, group: GroupRollout, sample: Tensor,
+    def _commanded_log_prob(self, ctx: UpdateContext, group: GroupRollout, sample: Tensor,
                             prev_sample: Tensor, sigma: Tensor, sigma_next: Tensor,
                             motion: Tensor | None) -> Tensor:
         """The sampling model's log-probability ``[N]`` of recorded SDE steps under the
@@ -95,14 +93,14 @@ class GRPOUpdate(Update):
         out = []
         for part in torch.arange(len(sample), device=sample.device).split(CPU_MICRO_BATCH):
             extra = {} if motion is None else {"motion": motion[part]}
-            v = trainer.old.velocity(sample[part], sigma[part], group.clip_actions,
-                                     group.caches[0], **extra)
+            v = ctx.old_velocity(sample[part], sigma[part], group.clip_actions,
+                                 group.caches[0], **extra)
             out.append(sde_log_prob(v, sample[part], prev_sample[part], sigma[part],
                                     sigma_next[part], noise_level=self.cfg.rollout.sde_noise,
-                                    sigma_max=trainer.sampler.sigmas[1]))
+                                    sigma_max=ctx.sigma_max))
         return torch.cat(out)
 
-    def micro_loss(self, trainer: Trainer, item: GRPOItems, part: Tensor, actions: Tensor,
+    def micro_loss(self, ctx: UpdateContext, item: GRPOItems, part: Tensor, actions: Tensor,
                    cache: ContextCache, frozen: dict[str, ContextCache], scale: float
                    ) -> MicroLoss:
         """GRPO's loss on rows ``part``, weighted ``len(part) * scale`` (``grpo_sde_loss``
@@ -111,19 +109,19 @@ class GRPOUpdate(Update):
         gr = self.cfg.grpo
         sample, sigma = item.sample[part], item.sigma[part]
         motion = None if item.motion is None else item.motion[part]
-        v_theta = trainer.velocities["model"](sample, sigma, actions, cache, motion=motion)
-        batch_flops = trainer.model.velocity_flops(len(part), cache.num_tokens)
+        v_theta = ctx.velocity(sample, sigma, actions, cache, motion=motion)
+        batch_flops = ctx.velocity_flops(len(part), cache.num_tokens)
         ref_output, flops = None, 3 * batch_flops
         if "ref" in frozen:
             with torch.no_grad():
-                ref_output = trainer.velocities["ref"](sample, sigma, actions, frozen["ref"],
-                                                       motion=motion)
+                ref_output = ctx.ref_velocity(sample, sigma, actions, frozen["ref"],
+                                              motion=motion)
             flops += batch_flops
         loss, _, kl = grpo_sde_loss(v_theta, sample, item.prev_sample[part], sigma,
                                     item.sigma_next[part], item.old_log_prob[part],
                                     item.advantage[part], noise_level=self.cfg.rollout.sde_noise,
                                     clip_range=gr.clip_range, adv_clip_max=gr.adv_clip_max,
-                                    sigma_max=trainer.sampler.sigmas[1], ref_output=ref_output,
+                                    sigma_max=ctx.sigma_max, ref_output=ref_output,
                                     kl_beta=gr.kl_beta, return_stats=True,
                                     # the sampler's schedule: valid sigmas, no host read
                                     check_values=False)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -19,11 +18,8 @@ from wc_fast.models.motion_latent import noise_latents, with_latents
 from wc_fast.rollout import GroupRollout, rollout_clip_level, rollout_sample_level
 from wc_fast.runtime import generator
 from wc_fast.sampler import sigma_schedule
-from wc_fast.updates.base import MicroLoss, Update
+from wc_fast.updates.base import MicroLoss, Update, UpdateContext
 from wc_kernels import flow_noise, nft_loss
-
-if TYPE_CHECKING:
-    from wc_fast.trainer import Trainer
 
 
 @dataclass(slots=True)
@@ -48,6 +44,8 @@ class NFTUpdate(Update):
     ``ceil(nft.timestep_fraction T)`` of the ``T`` schedule sigmas; the old model's velocity
     (or the current one's, detached) as ``v_old``; the EMA schedule for the old model."""
 
+    loss_title = "NFT loss"
+
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
         ro = cfg.rollout
@@ -61,18 +59,18 @@ class NFTUpdate(Update):
     def rollout_fn(self) -> Callable[..., GroupRollout]:
         return rollout_sample_level if self.cfg.rollout.mode == "sample" else rollout_clip_level
 
-    def kept(self, trainer: Trainer, step: int, adv: Tensor) -> Tensor:
+    def kept(self, ctx: UpdateContext, step: int, adv: Tensor) -> Tensor:
         """``nft.keep`` best then worst of each group (ties at the cut broken at random per
         global group, so any rank layout draws the same)."""
         keep, seed = self.cfg.nft.keep, self.cfg.train.seed
         return torch.cat([select_extremes(adv[b:b + 1], keep,
                                           generator=generator(seed, step, gid, "select"))
-                          for b, gid in enumerate(trainer.group_ids())])
+                          for b, gid in enumerate(ctx.group_ids)])
 
-    def items(self, trainer: Trainer, step: int, gid: int, group: GroupRollout, r: Tensor,
+    def items(self, ctx: UpdateContext, step: int, gid: int, group: GroupRollout, r: Tensor,
               adv: Tensor, chosen: Tensor) -> NFTItems:
         k_sig = math.ceil(self.cfg.nft.timestep_fraction * len(self.sigmas))
-        return self.noised(trainer.device, step, gid, group, r, chosen, k_sig)
+        return self.noised(ctx.device, step, gid, group, r, chosen, k_sig)
 
     def noised(self, device: torch.device, step: int, gid: int, group: GroupRollout,
                r: Tensor, chosen: Tensor, k_sig: int) -> NFTItems:
@@ -97,7 +95,7 @@ class NFTUpdate(Update):
                         r=r[chosen].repeat_interleave(k_sig).to(device),
                         candidate=chosen.repeat_interleave(k_sig).tolist(), motion=motion)
 
-    def micro_loss(self, trainer: Trainer, item: NFTItems, part: Tensor, actions: Tensor,
+    def micro_loss(self, ctx: UpdateContext, item: NFTItems, part: Tensor, actions: Tensor,
                    cache: ContextCache, frozen: dict[str, ContextCache], scale: float
                    ) -> MicroLoss:
         """``nft_loss`` summed over rows ``part`` times ``scale``, plus with ``nft.kl_beta``
@@ -107,14 +105,13 @@ class NFTUpdate(Update):
         nf = self.cfg.nft
         x_t, sigma = item.x_t[part], item.sigma[part]
         motion = None if item.motion is None else item.motion[part]
-        v_theta = trainer.velocities["model"](x_t, sigma, actions, cache, motion=motion)
-        batch_flops = trainer.model.velocity_flops(len(part), cache.num_tokens)
+        v_theta = ctx.velocity(x_t, sigma, actions, cache, motion=motion)
+        batch_flops = ctx.velocity_flops(len(part), cache.num_tokens)
         if nf.old_prediction == "detached_current":
             v_old, flops = v_theta.detach(), 3 * batch_flops
         else:
             with torch.no_grad():
-                v_old = trainer.velocities["old"](x_t, sigma, actions, frozen["old"],
-                                                  motion=motion)
+                v_old = ctx.old_velocity(x_t, sigma, actions, frozen["old"], motion=motion)
             flops = 4 * batch_flops
         loss = nft_loss(v_theta, v_old, item.v_target[part].to(v_theta.dtype),
                         item.r[part], beta=nf.beta, sigma=sigma, space=nf.loss_space,
@@ -122,7 +119,7 @@ class NFTUpdate(Update):
         if "ref" not in frozen:
             return MicroLoss(loss, flops)
         with torch.no_grad():
-            v_ref = trainer.velocities["ref"](x_t, sigma, actions, frozen["ref"], motion=motion)
+            v_ref = ctx.ref_velocity(x_t, sigma, actions, frozen["ref"], motion=motion)
         kl = velocity_kl(v_theta, v_ref)
         return MicroLoss(loss + (nf.kl_beta * scale) * kl.sum(), flops + batch_flops,
                          kl.detach())
