@@ -54,7 +54,8 @@ def held_out_scores(trainer: Trainer, sets: dict, estimator) -> dict[str, float]
                 frames = group.reward_frames()
                 trans, rot = split_action(group.clip_actions)
                 with torch.no_grad():
-                    c2w, c2w_r = estimator(frames).double(), trainer.estimator(frames).double()
+                    c2w = estimator(frames).double()
+                    c2w_r = trainer.reward.models.estimator(frames).double()
                 acc.append(action_accuracy(c2w, trans, rot, **kw).mean())
                 acc_r.append(action_accuracy(c2w_r, trans, rot, **kw).mean())
                 if_r.append(interaction_score(c2w_r, trans, rot, **kw).mean())

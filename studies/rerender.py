@@ -54,11 +54,10 @@ from wc_fast.actions import split_action
 from wc_fast.config import preset
 from wc_fast.eval import FINAL_EVAL_SEED, KINDS, EvalSettings
 from wc_fast.evaluation.bootstrap import paired_bootstrap
-from wc_fast.evaluation.floor import sequence_scenes
 from wc_fast.evaluation.psnr_ssim import psnr_clamped
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.render_reader import anchored, motion_grid, press_track, render_track
-from wc_fast.world import Scenes, render
+from wc_fast.world import Scenes, render, sequence_scenes
 
 # readers of the frames, then reference paths that read nothing
 READERS = ("est", "rew", "fit", "render", "press")

@@ -33,6 +33,13 @@ def test_every_preset_file_resolves_to_the_config_its_builder_gave(key):
     run = C.build_pretrain_run(name)
     C.apply_base(run, base)
     got = {"train": C.to_dict(cfg), "pretrain": C.to_dict(run)}
+    defaults = {"train": C.to_dict(C.Config()), "pretrain": C.to_dict(C.PretrainRun())}
+    # a field added to the schema since the fixture was made holds its default in every preset
+    for part, sections in got.items():
+        for name, fields in sections.items():
+            if isinstance(fields, dict):
+                for field in set(fields) - set(BEFORE[key][part][name]):
+                    assert fields.pop(field) == defaults[part][name][field], f"{name}.{field}"
     # through JSON, so that 2 and 2.0 differ and tuples compare as lists
     assert json.dumps(got, sort_keys=True) == json.dumps(BEFORE[key], sort_keys=True)
 

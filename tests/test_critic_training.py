@@ -123,4 +123,4 @@ def test_reward_critic_option_picks_the_trainers_critic(which):
     cfg.reward.critic = which
     trainer = Trainer(cfg, TinyWorldDiT(cfg.model), torch.device("cpu"))
     frames = torch.rand(2, 3, 3, 32, 32) * 2 - 1
-    torch.testing.assert_close(trainer.critic(frames), load_critic(which)(frames))
+    torch.testing.assert_close(trainer.reward.models.critic(frames), load_critic(which)(frames))

@@ -5,8 +5,8 @@ import torch
 
 from wc_fast.actions import split_action
 from wc_fast.evaluation import commanded_path, fit_path, pose_errors
-from wc_fast.evaluation.camera_fit import luminance, motion_matrix
 from wc_fast.evaluation.report import fit_accuracy
+from wc_fast.rewards.camera_fit import luminance, motion_matrix
 from wc_fast.rewards.interaction import poses_to_labels, relative_motion, rotation_angles
 from wc_fast.world import render, sample_scenes, sample_sequences, start_poses
 from wc_fast.world.motion import action_deltas

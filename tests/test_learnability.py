@@ -67,7 +67,8 @@ def _held_out_if(trainer: Trainer) -> float:
             trainer.sampler.model = sampler_model
             trainer.model.train()
         rw = trainer.cfg.reward
-        scores.append(if_scores(trainer.estimator, rollout.reward_frames(), rollout.clip_actions,
+        scores.append(if_scores(trainer.reward.models.estimator, rollout.reward_frames(),
+                                rollout.clip_actions,
                                 trans_thresholds=rw.trans_thresholds,
                                 rot_threshold_deg=rw.rot_threshold_deg).mean())
     return float(torch.stack(scores).mean())

@@ -6,12 +6,11 @@ import torch
 
 from studies.rerender import check_scenes, parse_factors, study
 from wc_fast.eval import FINAL_EVAL_SEED, KINDS, EvalSettings
-from wc_fast.evaluation.camera_fit import fit_path
-from wc_fast.evaluation.floor import sequence_scenes
 from wc_fast.evaluation.frames_io import save_set
 from wc_fast.rewards import load_estimator
+from wc_fast.rewards.camera_fit import fit_path
 from wc_fast.rewards.render_reader import anchored, motion_grid, press_track, render_track
-from wc_fast.world import render, sample_sequences
+from wc_fast.world import render, sample_sequences, sequence_scenes
 from wc_fast.world.motion import ROTATION_STEP_DEG, TRANSLATION_STEP, action_deltas, chain
 
 SETTINGS = EvalSettings(trans_thresholds=(0.08, 0.12), rot_threshold_deg=2.0)

@@ -10,11 +10,13 @@ from torch.optim import AdamW
 
 from wc_fast import config as config_lib
 from wc_fast import trainer as trainer_module
+from wc_fast.actions import split_action
 from wc_fast.advantages import group_advantages
 from wc_fast.ema import ema_decay
 from wc_fast.models import TinyWorldDiT
 from wc_fast.optim import GroupedMuon
 from wc_fast.rewards import interaction_score
+from wc_fast.rewards import registry as reward_registry
 from wc_fast.train import main
 from wc_fast.trainer import Trainer
 from wc_fast.updates import nft as nft_module
@@ -368,15 +370,15 @@ def test_grad_clip_bounds_the_stepped_gradient_norm(monkeypatch):
 # -- rewards ------------------------------------------------------------------------------------
 
 def _keywords(monkeypatch, name: str) -> list[dict]:
-    """The keyword arguments of every call the trainer makes to its function ``name``."""
+    """The keyword arguments of every call the run's reward makes to its function ``name``."""
     calls = []
-    real = getattr(trainer_module, name)
+    real = getattr(reward_registry, name)
 
     def spy(*args, **kw):
         calls.append(kw)
         return real(*args, **kw)
 
-    monkeypatch.setattr(trainer_module, name, spy)
+    monkeypatch.setattr(reward_registry, name, spy)
     return calls
 
 
@@ -412,8 +414,9 @@ def test_action_if_scores_both_labels_of_each_frame(monkeypatch):
     s_if, _, _ = trainer._scores(groups)
     assert calls == [{"trans_thresholds": (0.1, 0.05), "rot_threshold_deg": 2.0}]
     assert label_calls == []
-    c2w = trainer_module.camera_poses(trainer.estimator, groups[0].reward_frames())
-    trans, rot = trainer_module.split_action(groups[0].clip_actions)
+    c2w = reward_registry.camera_poses(trainer.reward.models.estimator,
+                                       groups[0].reward_frames())
+    trans, rot = split_action(groups[0].clip_actions)
     half_credit = interaction_score(c2w, trans, rot, trans_thresholds=(0.1, 0.05),
                                     rot_threshold_deg=2.0)
     assert bool((s_if[0] <= half_credit + 1e-6).all())

@@ -9,8 +9,8 @@ import torch
 
 from wc_fast import checkpoint
 from wc_fast import config as config_lib
-from wc_fast import trainer as trainer_module
 from wc_fast.models import TinyWorldDiT
+from wc_fast.rewards import registry as reward_registry
 from wc_fast.train import main
 from wc_fast.trainer import Trainer
 
@@ -38,17 +38,17 @@ def test_the_fit_reading_the_rewards_own_paths_gives_zero(monkeypatch):
     no motion it is the reader's IF minus the IF of standing still."""
     trainer = _trainer(1)
     paths = {}
-    real_poses = trainer_module.camera_poses
+    real_poses = reward_registry.camera_poses
 
     def reader(estimator, frames):
         paths["reader"] = real_poses(estimator, frames)
         return paths["reader"]
 
-    monkeypatch.setattr(trainer_module, "camera_poses", reader)
-    monkeypatch.setattr(trainer_module, "fit_path", lambda frames: paths["reader"].double())
+    monkeypatch.setattr(reward_registry, "camera_poses", reader)
+    monkeypatch.setattr(reward_registry, "fit_path", lambda frames: paths["reader"].double())
     assert trainer.iteration(0).reader_gap == 0.0
     still = _trainer(1)
-    monkeypatch.setattr(trainer_module, "fit_path", lambda frames: torch.eye(4).double().expand(
+    monkeypatch.setattr(reward_registry, "fit_path", lambda frames: torch.eye(4).double().expand(
         frames.shape[0], frames.shape[1], 4, 4))
     gap = still.iteration(0).reader_gap
     assert gap is not None and gap != 0.0
@@ -91,7 +91,7 @@ def test_the_classical_fit_as_the_reward_reader(monkeypatch):
     torch.manual_seed(cfg.train.seed)
     trainer = Trainer(cfg, TinyWorldDiT(cfg.model), torch.device("cpu"))
     read = []
-    real_fit = trainer_module.fit_path
+    real_fit = reward_registry.fit_path
 
     def fit(frames):
         read.append(real_fit(frames))
@@ -100,8 +100,8 @@ def test_the_classical_fit_as_the_reward_reader(monkeypatch):
     def no_network(*args):
         raise AssertionError("the reward estimator was asked")
 
-    monkeypatch.setattr(trainer_module, "fit_path", fit)
-    monkeypatch.setattr(trainer_module, "camera_poses", no_network)
+    monkeypatch.setattr(reward_registry, "fit_path", fit)
+    monkeypatch.setattr(reward_registry, "camera_poses", no_network)
     groups = trainer.rollout(0, 1)
     s_if, _, _ = trainer.rewards(groups)
     assert len(read) == len(groups)

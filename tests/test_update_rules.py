@@ -7,9 +7,9 @@ import pytest
 import torch
 from test_trainer_options import _config
 
-from wc_fast import trainer as trainer_module
 from wc_fast.models import ContextCache, TinyWorldDiT
-from wc_fast.rewards.scorers import RewardModels
+from wc_fast.rewards import RewardModels
+from wc_fast.rewards import registry as reward_registry
 from wc_fast.rollout import GroupRollout, rollout_clip_level
 from wc_fast.runtime import generator
 from wc_fast.trainer import Trainer
@@ -44,7 +44,7 @@ def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 def _trainer(monkeypatch, critic, rule: Update | None = None, **overrides: str) -> Trainer:
-    monkeypatch.setattr(trainer_module, "build_reward_models", _no_reward_models)
+    monkeypatch.setattr(reward_registry, "build_reward_models", _no_reward_models)
     cfg = _config(**overrides)
     torch.manual_seed(cfg.train.seed)
     rewards = RewardModels(estimator=_still_camera, critic=critic)

@@ -39,13 +39,11 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from wc_fast import checkpoint
-from wc_fast.actions import is_composite, num_primitives, split_action
+from wc_fast.actions import is_composite, num_primitives
 from wc_fast.advantages import optimality
 from wc_fast.config import Config, RewardConfig
 from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
 from wc_fast.ema import ema_update
-from wc_fast.evaluation.camera_fit import fit_path
-from wc_fast.evaluation.floor import sequence_scenes
 from wc_fast.models import ContextCache, FrameCodec, PixelFrames, WorldModel
 from wc_fast.models.protocol import check_world_model
 from wc_fast.models.tiny_dit import DTYPES
@@ -55,22 +53,14 @@ from wc_fast.optim import (
     frozen_copy,
     hold_frozen_matrices_in,
 )
-from wc_fast.rewards import (
-    action_accuracy,
-    interaction_score,
-    trajectory_score,
-    vq_scores,
-)
+from wc_fast.rewards import RewardModels
+from wc_fast.rewards import build as build_reward
 from wc_fast.rewards.motion_spread import (
     camera_motion,
     commanded_directions,
     estimator_motion_error,
     motion_spread,
-    soft_interaction_score,
 )
-from wc_fast.rewards.render_reader import press_track
-from wc_fast.rewards.scorers import RewardModels, build_reward_models
-from wc_fast.rewards.scoring import camera_poses
 from wc_fast.rollout import NO_EXPLORATION, GroupRollout, MotionExploration
 from wc_fast.runtime import compile_unavailable, generator, stream_seed
 from wc_fast.sampler import ClipSampler
@@ -188,12 +178,12 @@ class Trainer:
     """Holds the current and old models, optimizers, sampler, update rule and reward models of
     a run.
 
-    ``rewards``: the IF estimator and VQ critic (built from the config by
-    :func:`~wc_fast.rewards.scorers.build_reward_models` unless given); ``rule``: the update
-    rule (:func:`~wc_fast.updates.build_update` of the config unless given). ``codec``: the
-    map between the model's frames and pixel frames (the Wan VAE for a latent model; the
-    identity, by default, for a pixel model): world prompts are encoded once per group, the
-    rewards read decoded frames.
+    ``rewards``: the IF estimator and VQ critic of the run's reward
+    (:func:`wc_fast.rewards.build` of the config, which builds them unless given); ``rule``:
+    the update rule (:func:`~wc_fast.updates.build_update` of the config unless given).
+    ``codec``: the map between the model's frames and pixel frames (the Wan VAE for a latent
+    model; the identity, by default, for a pixel model): world prompts are encoded once per
+    group, the rewards read decoded frames.
     """
 
     def __init__(self, cfg: Config, model: WorldModel, device: torch.device, *,
@@ -247,11 +237,11 @@ class Trainer:
             warnings.warn(f"nft.compile: {why_not}; the train phase runs eagerly", stacklevel=2)
         self.compiled = cfg.nft.compile and why_not is None
         self.context = self._update_context()
-        rewards = build_reward_models(cfg, device) if rewards is None else rewards
-        self.estimator, self.critic = rewards.estimator, rewards.critic
+        self.reward = build_reward(cfg, device, rewards)
         # the reward estimator's own error on ground-truth renders: the unit of motion_spread
         self.estimator_error = estimator_motion_error(
-            self.estimator, clip_frames=cfg.model.clip_frames, resolution=cfg.model.resolution)
+            self.reward.models.estimator, clip_frames=cfg.model.clip_frames,
+            resolution=cfg.model.resolution)
 
     def _update_context(self) -> UpdateContext:
         """What the rule sees of this run: each model's velocity by role (compiled with
@@ -308,73 +298,20 @@ class Trainer:
         return groups
 
     def _scores(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor, list[float]]:
-        """Raw IF and VQ scores ``[B, G]`` from the reward estimator and the critic, and each
-        group's motion spread (from the same estimated poses); with :attr:`read_gap` set,
-        :attr:`gaps` gets each group's reader gap."""
-        rw = self.cfg.reward
+        """Raw IF and VQ scores ``[B, G]`` by the run's reward, and each group's motion spread
+        (from the same camera paths); with :attr:`read_gap` set, :attr:`gaps` gets each
+        group's reader gap."""
         s_if, s_vq, spread = [], [], []
         for group in groups:
             frames = self.codec.decode(group.reward_frames())
-            c2w = self._read_paths(group, frames)
+            scores = self.reward(group, frames)
             if self.read_gap:
-                self.gaps.append(self._reader_gap(group, frames, c2w))
-            if rw.if_kind == "soft":
-                s_if.append(soft_interaction_score(
-                    c2w.double(), group.clip_actions, trans_threshold=min(rw.trans_thresholds),
-                    rot_threshold_deg=rw.rot_threshold_deg))
-            elif rw.if_kind == "trajectory":
-                a, b = rw.trajectory_weights
-                s_if.append(trajectory_score(c2w.double(), group.clip_actions.to(c2w.device),
-                                             translation_weight=a, rotation_weight=b))
-            else:
-                score = action_accuracy if rw.if_kind == "action" else interaction_score
-                trans_gt, rot_gt = split_action(group.clip_actions.to(c2w.device))
-                s_if.append(score(c2w, trans_gt, rot_gt, trans_thresholds=rw.trans_thresholds,
-                                  rot_threshold_deg=rw.rot_threshold_deg))
-            s_vq.append(vq_scores(self.critic, frames, stride=rw.vq_stride, mode=rw.vq_mode))
-            spread.append(motion_spread(camera_motion(c2w.cpu()), self.estimator_error,
+                self.gaps.append(self.reward.reader_gap(group, frames, scores.c2w))
+            s_if.append(scores.s_if)
+            s_vq.append(scores.s_vq)
+            spread.append(motion_spread(camera_motion(scores.c2w.cpu()), self.estimator_error,
                                         commanded_directions(group.clip_actions.cpu())))
         return torch.stack(s_if).float(), torch.stack(s_vq).float(), spread
-
-    def _read_paths(self, group: GroupRollout, frames: Tensor) -> Tensor:
-        """Camera paths ``[G, F+1, 4, 4]`` of a group's reward frames ``[G, F+1, C, H, W]`` by
-        ``reward.if_reader``: the reward estimator, the re-rendered world, or the classical
-        camera fit."""
-        reader = self.cfg.reward.if_reader
-        if reader == "render":
-            return self._render_read(group, frames)
-        if reader == "fit":
-            return fit_path(frames.detach().float().cpu()).to(frames.device)
-        return camera_poses(self.estimator, frames)
-
-    def _reader_gap(self, group: GroupRollout, frames: Tensor, c2w: Tensor) -> float:
-        """Mean over the group's candidates of the label IF of camera paths ``c2w`` (the
-        reward's reader) minus that of the classical camera fit of the same ``frames``
-        ``[G, F+1, C, H, W]`` (:func:`~wc_fast.evaluation.camera_fit.fit_path`; ``c2w`` itself
-        when the fit is the reward's reader)."""
-        rw = self.cfg.reward
-        fitted = c2w if rw.if_reader == "fit" else fit_path(frames.detach().float().cpu())
-        trans_gt, rot_gt = split_action(group.clip_actions.cpu())
-        reads = [interaction_score(path.double().cpu(), trans_gt, rot_gt,
-                                   trans_thresholds=rw.trans_thresholds,
-                                   rot_threshold_deg=rw.rot_threshold_deg)
-                 for path in (c2w, fitted)]
-        return float((reads[0] - reads[1]).mean())
-
-    @staticmethod
-    def _render_read(group: GroupRollout, frames: Tensor) -> Tensor:
-        """Camera paths ``[G, F+1, 4, 4]`` of a clip-1 group's reward frames ``[G, F+1, C, H,
-        W]`` read by re-rendering its world (``reward.if_reader render``): the scene and the
-        prompt's pose are redrawn from the group's prompt seed."""
-        if group.prompt_seed is None or group.clip_index != 1:
-            raise ValueError("reward.if_reader render reads clip 1 of a group whose prompt "
-                             f"seed is known; got clip {group.clip_index}, seed "
-                             f"{group.prompt_seed}")
-        scenes, start = sequence_scenes(group.prompt_seed, 1)
-        g = frames.shape[0]
-        c2w = press_track(scenes.index(torch.zeros(g, dtype=torch.long)),
-                          start.expand(g, 4, 4), frames.detach().float().cpu())
-        return c2w.to(frames.device)
 
     def rewards(self, groups: list[GroupRollout]) -> tuple[Tensor, Tensor, dict[str, float]]:
         """IF and VQ scores ``[B, G]`` and the mean motion spread of this rank's basic and

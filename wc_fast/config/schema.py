@@ -27,9 +27,9 @@ Capture = Literal["auto", "eager", "compile", "cuda_graph"]
 StdMode = Literal["group", "global"]
 RewardKind = Literal["both", "if", "vq"]
 IfKind = Literal["label", "soft", "action", "trajectory"]
-IfReader = Literal["estimator", "render", "fit"]
+IfReader = Literal["estimator", "render", "fit", "depth_anything_3"]
 VqMode = Literal["stride", "drift"]
-CriticKind = Literal["reward", "eval"]
+CriticKind = Literal["reward", "eval", "hpsv3"]
 LossSpace = Literal[SPACES]  # the kernels' own choices (a tuple subscript unpacks)
 OldPrediction = Literal["old_model", "detached_current"]
 ContextKv = Literal["recompute", "recompute_grad", "reuse"]
@@ -241,10 +241,15 @@ class RewardConfig:
         "is validated on generated frames (docs/replication.md), an oracle for diagnosis that "
         "no real world offers. Needs rollouts of clip 1 only (rollout.num_clips 1, whose start "
         "pose is the prompt's) and no decoupled phases. fit: the classical camera fit "
-        "(wc_fast.evaluation.camera_fit.fit_path; no network, no renderer: a reader a policy "
+        "(wc_fast.rewards.camera_fit.fit_path; no network, no renderer: a reader a policy "
         "cannot learn to please the way it learns a network's wishes), which costs 3.3 s per "
         "iteration of the cpu preset on 2 cores; the evaluation's fit column then reads with "
-        "the reward's reader, so judge such a run by the estimator and the reader gap is 0")})
+        "the reward's reader, so judge such a run by the estimator and the reader gap is 0. "
+        "depth_anything_3: Depth Anything 3's camera poses (the depth-anything-3 package, "
+        "weights from reward.reader_checkpoint), the paper's reader, for real video. The "
+        "readers are registered by name in wc_fast.rewards.registry")})
+    reader_checkpoint: str = field(default="", metadata={"help": (
+        "the local model folder of reward.if_reader depth_anything_3 (empty otherwise)")})
     trajectory_weights: tuple[float, ...] = field(default=(1.0, 1.0), metadata={"help": (
         "(a, b): the weights of the translation and rotation errors in the trajectory IF "
         "(two numbers >= 0)")})
@@ -260,10 +265,13 @@ class RewardConfig:
         "stride (paper): the critic's mean score over the strided frames; drift (official "
         "code): that mean minus the score of the first (context) frame")})
     critic: CriticKind = field(default="reward", metadata={"help": (
-        "which embedded critic scores VQ (wc_fast.rewards.load_critic): reward, trained on "
-        "degraded renders, or eval, the one python -m wc_fast.eval grades with (also trained "
-        "on the base model's own generations), for studies of rewarding with the judge "
-        "itself")})
+        "which critic scores VQ: the embedded reward, trained on degraded renders, or eval, "
+        "the one python -m wc_fast.eval grades with (also trained on the base model's own "
+        "generations), for studies of rewarding with the judge itself (both "
+        "wc_fast.rewards.load_critic); hpsv3, the paper's HPSv3 (the hpsv3 package, weights "
+        "from reward.critic_checkpoint), for real video")})
+    critic_checkpoint: str = field(default="", metadata={"help": (
+        "the local weights file of reward.critic hpsv3 (empty otherwise)")})
     decouple_every: int = field(default=0, metadata={"help": (
         "periodic decoupled training (World-R1, docs/design.md section 4.2), 0 = off: with "
         "decouple_every = K > 0, the last decouple_length = P iterations of every K "

@@ -278,6 +278,16 @@ def validate(cfg: Config) -> None:
              "reward.trans_thresholds", "a non-empty tuple of numbers >= 0",
              rw.trans_thresholds)
     _validate_decouple(cfg)
+    for path, value, needed_by in (("reward.reader_checkpoint", rw.reader_checkpoint,
+                                    ("reward.if_reader", rw.if_reader, "depth_anything_3")),
+                                   ("reward.critic_checkpoint", rw.critic_checkpoint,
+                                    ("reward.critic", rw.critic, "hpsv3"))):
+        field, chosen, adapter = needed_by
+        if chosen == adapter:
+            _require(bool(value), path, f"a local checkpoint path with {field} {adapter}",
+                     value)
+        else:
+            _require(not value, path, f"empty unless {field} is {adapter}", value)
     if rw.if_reader == "render":
         _require(ro.num_clips == 1, "rollout.num_clips (with reward.if_reader render)",
                  "1 (the reader starts from the prompt's known pose)", ro.num_clips)

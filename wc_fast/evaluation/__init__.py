@@ -4,7 +4,6 @@ and translation error, action accuracy), a Fréchet distance on pooled pixels wi
 true-render floor, and paired bootstrap intervals of a change."""
 
 from wc_fast.evaluation.bootstrap import paired_bootstrap, sequence_values
-from wc_fast.evaluation.camera_fit import fit_path, pose_errors
 from wc_fast.evaluation.frames_io import NPZ_KEYS, commanded_path, save_set
 from wc_fast.evaluation.frechet import frame_frechet, frechet_distance, pooled_features
 from wc_fast.evaluation.psnr_ssim import psnr, psnr_clamped, ssim
@@ -15,6 +14,7 @@ from wc_fast.evaluation.report import (
     print_truth_table,
     summarize_truth,
 )
+from wc_fast.rewards.camera_fit import fit_path, pose_errors
 
 __all__ = [
     "METRICS", "NPZ_KEYS", "clip_metrics", "commanded_path", "fit_path", "fit_scores",

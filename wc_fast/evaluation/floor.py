@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from wc_fast.runtime import uniform
-from wc_fast.world import Scenes, render, sample_scenes, start_poses
+from wc_fast.world import render, sequence_scenes
 from wc_fast.world.motion import (
     ONSET_RANGE,
     ROTATION_STEP_DEG,
@@ -30,14 +30,6 @@ def draw_motion_factors(n: int, segments: int, seed: int) -> Tensor:
     gen = torch.Generator().manual_seed(seed)
     ranges = (SPEED_RANGE, SPEED_RANGE, ONSET_RANGE)
     return torch.stack([uniform(gen, (n, segments), *r, dtype=torch.float64) for r in ranges], -1)
-
-
-def sequence_scenes(data_seed: int, n: int) -> tuple[Scenes, Tensor]:
-    """The scenes and start poses ``[n, 4, 4]`` that :func:`wc_fast.world.sample_sequences`
-    draws first from ``data_seed``, in that order, for ``n`` sequences."""
-    gen = torch.Generator().manual_seed(data_seed)
-    scenes = sample_scenes(n, gen)
-    return scenes, start_poses(scenes, gen, max_pitch_deg=0.0)
 
 
 def render_sequences(data_seed: int, actions: Tensor, motion_factors: Tensor, *,

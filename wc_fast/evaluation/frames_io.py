@@ -11,7 +11,7 @@
 - ``c2w_commanded`` ``[n, T, 4, 4]`` float64: the commanded actions chained from the same start
   pose at the middle of the world's speed range (what the command alone says);
 - ``c2w_fit`` ``[n, T, 4, 4]`` float64: the classical camera fit of ``generated``
-  (:mod:`wc_fast.evaluation.camera_fit`), first pose the identity.
+  (:mod:`wc_fast.rewards.camera_fit`), first pose the identity.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ from rich.table import Table
 from torch import Tensor
 
 from wc_fast.actions import split_action
-from wc_fast.evaluation.camera_fit import pose_errors
 from wc_fast.evaluation.frechet import frame_frechet
 from wc_fast.evaluation.psnr_ssim import psnr_clamped, ssim
+from wc_fast.rewards.camera_fit import pose_errors
 from wc_fast.rewards.interaction import action_accuracy
 
 # The metrics of :func:`clip_metrics`, in report order.
@@ -83,7 +83,7 @@ def clip_metrics(generated: Tensor, truth: Tensor, c2w_fit: Tensor, c2w_true: Te
 
     ``generated`` and ``truth`` ``[n, 1 + N*F, 3, H, W]`` (frame 0 the shared prompt),
     ``c2w_fit`` the classical fit of ``generated``
-    (:func:`~wc_fast.evaluation.camera_fit.fit_path`), ``c2w_true`` ``[n, 1 + N*F, 4, 4]`` the
+    (:func:`~wc_fast.rewards.camera_fit.fit_path`), ``c2w_true`` ``[n, 1 + N*F, 4, 4]`` the
     path the world rendered, ``actions`` ``[n, N*F]``. PSNR and SSIM are means over each clip's
     new frames.
     """

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from wc_fast.evaluation.psnr_ssim import mse
 from wc_fast.world import Scenes, render
 from wc_fast.world.motion import ROTATION_STEP_DEG, TRANSLATION_STEP, action_deltas
 
@@ -71,7 +70,9 @@ def closest_motions(scenes: Scenes, pose: Tensor, motions: Tensor, frame: Tensor
         candidates = pose[lo:hi, None] @ motions[lo:hi]
         shown = render(scenes.index(torch.arange(lo, hi)), candidates,
                        resolution=frame.shape[-1])
-        err = mse(shown, frame[lo:hi, None].expand_as(shown))
+        # mean squared error per render
+        err = (shown.double() - frame[lo:hi, None].expand_as(shown).double()).square().mean(
+            (-3, -2, -1))
         best.append(err.topk(k, dim=1, largest=False).indices)
     return torch.cat(best)
 

@@ -13,6 +13,7 @@ from wc_fast.world.dataset import (
     iter_clips,
     sample_clips,
     sample_sequences,
+    sequence_scenes,
 )
 from wc_fast.world.motion import ROTATION_STEP_DEG, TRANSLATION_STEP, action_deltas
 from wc_fast.world.render import DEFAULT_FOV_DEG, render
@@ -22,5 +23,5 @@ from wc_fast.world.trajectory import Trajectory, generate
 __all__ = [
     "ClipDataset", "Clips", "DEFAULT_FOV_DEG", "ROTATION_STEP_DEG", "Scenes", "TRANSLATION_STEP",
     "Trajectory", "action_deltas", "batch_seed", "generate", "iter_clips", "render",
-    "sample_clips", "sample_scenes", "sample_sequences", "start_poses",
+    "sample_clips", "sample_scenes", "sample_sequences", "sequence_scenes", "start_poses",
 ]

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from wc_fast.world.render import DEFAULT_FOV_DEG, render
-from wc_fast.world.scene import sample_scenes, start_poses
+from wc_fast.world.scene import Scenes, sample_scenes, start_poses
 from wc_fast.world.trajectory import DEFAULT_MAX_TILT_DEG, generate
 
 DEFAULT_RESOLUTION = 32
@@ -124,6 +124,15 @@ def sample_sequences(n: int, *, num_clips: int, seed: int, composite_fraction: f
                    noop_fraction=noop_fraction, start_pitch_deg=0.0, resolution=resolution,
                    fov_deg=fov_deg, supersample=supersample, max_tilt_deg=max_tilt_deg,
                    **motion)
+
+
+def sequence_scenes(data_seed: int, n: int) -> tuple[Scenes, Tensor]:
+    """The scenes and start poses ``[n, 4, 4]`` that :func:`sample_sequences` draws first from
+    ``data_seed``, in that order, for ``n`` sequences (a group's world, redrawn from its
+    prompt seed)."""
+    gen = torch.Generator().manual_seed(data_seed)
+    scenes = sample_scenes(n, gen)
+    return scenes, start_poses(scenes, gen, max_pitch_deg=0.0)
 
 
 def batch_seed(seed: int, index: int) -> int:
