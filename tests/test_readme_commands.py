@@ -1,6 +1,6 @@
-"""Every ``wc_fast.train`` command in the README's command list is a valid configuration, with
-its optional (bracketed) arguments given: a command a user copies must not stop at the
-config check."""
+"""Every ``wc_fast.train`` command in the command list (docs/usage.md) is a valid
+configuration, with its optional (bracketed) arguments given: a command a user copies must not
+stop at the config check; the README's quick start is what CI runs."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import pytest
 from wc_fast.cli import parse_run_args
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+USAGE = README.parent / "docs" / "usage.md"
 
 
 def train_commands() -> list[str]:
     """The argument strings of the command list's ``wc_fast.train`` lines, comments dropped;
     the first line (the generic synopsis, with its ``a|b`` choices) is left out."""
-    block = README.read_text().split("## Commands", 1)[1].split("```bash", 1)[1]
+    block = USAGE.read_text().split("## Commands", 1)[1].split("```bash", 1)[1]
     block = block.split("```", 1)[0]
     commands = []
     for line in block.splitlines():
@@ -72,3 +73,21 @@ def test_print_config_prints_the_resolved_config_and_a_run_keeps_it(tmp_path, ca
     assert yaml.safe_load(printed)["rollout"]["steps"] == 3
     assert main(args) == 0
     assert (tmp_path / "run" / "config.yaml").read_text() == printed
+
+
+def test_the_readmes_configure_commands_run_as_written(tmp_path, capsys, monkeypatch):
+    """The README's "Configure a run" block: print a preset's config into a file, run from the
+    file with an override, list the fields."""
+    block = README.read_text().split("## Configure a run", 1)[1].split("```bash\n", 1)[1]
+    lines = [line.split("#")[0].strip() for line in block.split("```", 1)[0].splitlines()]
+    printed, from_file, listed = (shlex.split(line.removeprefix("python -m wc_fast.train"))
+                                  for line in lines)
+    assert printed[-2] == ">" and listed == ["--help"]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        parse_run_args("wc_fast.train", "", printed[:-2])
+    (tmp_path / printed[-1]).write_text(capsys.readouterr().out)
+    run = parse_run_args("wc_fast.train", "", from_file)
+    # the preset's own arguments with the file's overrides
+    want = parse_run_args("wc_fast.train", "", [*printed[:2], *from_file[2:]]).config
+    assert run.config == want and run.config.rollout.group_size == 12
