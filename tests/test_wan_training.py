@@ -14,6 +14,7 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from gloo_ranks import spawn_ranks
 from safetensors.torch import load_file, save_file
 from test_train import _assert_same, _final_weights, _rank
+from video_check import assert_generates
 
 from wc_fast import checkpoint
 from wc_fast import config as config_lib
@@ -110,6 +111,8 @@ def test_wan_smoke_preset_runs_with_only_the_model_path(wan_dir, tmp_path):
         "wan_smoke", "bfloat16", True)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)
+    # the checkpoint plays: generated latents decoded by the run's VAE
+    assert_generates(ckpt, tmp_path / "clip.mp4", saved.model.clip_frames)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import pytest
 import torch
 from gloo_ranks import spawn_ranks
 from test_train import _assert_same, _final_weights, _rank
+from video_check import assert_generates
 
 from wc_fast import checkpoint
 from wc_fast import config as config_lib
@@ -83,6 +84,9 @@ def test_smoke_preset_trains_two_iterations_and_resumes_exactly(tiny_dir, tmp_pa
     shutil.rmtree(checkpoint.latest(tmp_path))
     assert main([*args, "--resume"]) == 0
     _assert_same(uninterrupted, _final_weights(tmp_path))
+    # the checkpoint plays: generated latents decoded by the run's VAE
+    assert_generates(checkpoint.latest(tmp_path), tmp_path / "clip.mp4",
+                     smoke_config(tiny_dir).model.clip_frames)
 
 
 def test_lora_run_checkpoints_only_what_it_trains(tiny_dir, tmp_path):

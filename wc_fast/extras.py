@@ -13,6 +13,7 @@ OPTIONAL = {
     "peft": ("peft", "lora"),
     "tensorboard": ("tensorboard", "tensorboard"),
     "wandb": ("wandb", "wandb"),
+    "av": ("av", "video"),
 }
 
 

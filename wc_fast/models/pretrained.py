@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch.optim.swa_utils import AveragedModel
 
 from wc_fast import checkpoint
-from wc_fast.config import Config, ModelConfig, from_dict, validate_model
+from wc_fast.config import Config, ModelConfig, PretrainRun, from_dict, validate_model
 from wc_fast.extras import require
 from wc_fast.models.lora import import_peft
 from wc_fast.models.protocol import FrameCodec, PixelFrames, WorldModel
@@ -94,15 +94,20 @@ def _card_model(card_path: Path) -> ModelConfig:
     return cfg
 
 
-def _checkpoint_model(path: Path, meta: dict) -> ModelConfig:
-    """The model config of checkpoint ``path`` (``meta``: its verified ``meta.json``), refused
-    with ``CheckpointError`` when invalid or when its weights would not fit the files (so a
-    damaged config cannot allocate a model of any size)."""
+def checkpoint_config(path: Path, meta: dict) -> Config | PretrainRun:
+    """The run config of checkpoint ``path`` (``meta``: its verified ``meta.json``);
+    ``CheckpointError`` when it is invalid."""
     try:
-        cfg = from_dict(meta["config"]).model
+        return from_dict(meta["config"])
     except (ValueError, TypeError, AttributeError) as exc:
         raise checkpoint.CheckpointError(f"checkpoint {path}: the config in meta.json is "
                                          f"invalid: {exc}") from exc
+
+
+def _checkpoint_model(path: Path, cfg: ModelConfig, meta: dict) -> ModelConfig:
+    """The model config ``cfg`` of checkpoint ``path``, refused with ``CheckpointError`` when
+    its weights would not fit the files (so a damaged config cannot allocate a model of any
+    size)."""
     with torch.device("meta"):
         need = sum(p.numel() * 4 for p in new_world_model(cfg).parameters())
     have = sum((path / f"{name}.safetensors").stat().st_size for name in meta["models"][:1])
@@ -154,7 +159,12 @@ def load_checkpoint_model(path: str | Path | None, device: torch.device, *, base
         meta = checkpoint.verify(path)  # hashes and meta.json's shape, before anything is built
         if "base" in meta:
             return _partial_checkpoint_model(path, meta, device)
-        model = new_world_model(_checkpoint_model(path, meta)).to(device)
+        cfg = checkpoint_config(path, meta)
+        if cfg.model.path:  # a backbone read from its model directory, every weight trained
+            model = initial_model(cfg, device)
+            checkpoint.load(path, models={"model": model}, restore_rng=False)
+            return model.eval()
+        model = new_world_model(_checkpoint_model(path, cfg.model, meta)).to(device)
         if "ema" in meta["models"]:
             ema = AveragedModel(model, use_buffers=True)
             checkpoint.load(path, models={"ema": ema}, restore_rng=False)
@@ -170,12 +180,7 @@ def _partial_checkpoint_model(path: Path, meta: dict, device: torch.device | str
     """The current model of a training checkpoint that holds only the trained weights: the
     run's initial model (its config's ``train.init`` / ``model.path``), whose other weights
     must hash to the checkpoint's frozen base, with the trained ones loaded over it."""
-    try:
-        cfg = from_dict(meta["config"])
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise checkpoint.CheckpointError(f"checkpoint {path}: the config in meta.json is "
-                                         f"invalid: {exc}") from exc
-    model = initial_model(cfg, device)
+    model = initial_model(checkpoint_config(path, meta), device)
     with safe_open(path / "model.safetensors", framework="pt") as weights:
         trained = set(weights.keys())
     frozen = {k: v for k, v in model.state_dict().items() if k not in trained}
