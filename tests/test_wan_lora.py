@@ -55,7 +55,7 @@ def wan_dir(tmp_path_factory) -> str:
 def quick_runs(monkeypatch) -> None:
     """Runs without the reward plot and the matmul timing of the MFU column (seconds each on
     this machine; these tests read neither)."""
-    monkeypatch.setattr(train, "plot_rewards", lambda rows, path: None)
+    monkeypatch.setattr(train, "plot_rewards", lambda rows, path, loss_title="loss": None)
     monkeypatch.setattr(train, "matmul_flops", lambda device, dtype: 1e12)
 
 
