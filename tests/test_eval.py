@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from wc_fast import checkpoint
+from wc_fast import eval as eval_cli
 from wc_fast.actions import basic_actions
 from wc_fast.config import preset
 from wc_fast.eval import (
@@ -100,7 +101,7 @@ def test_command_writes_json_grid_and_frames(tmp_path):
     out, grid, frames = tmp_path / "eval.json", tmp_path / "grid.png", tmp_path / "frames"
     assert main(["--checkpoint", str(weights), "--json", str(out), "--grid", str(grid),
                  "--save-frames", str(frames), "--sequences", "1", "--clips", "2",
-                 "--steps", "2"]) == 0
+                 "--sampler-steps", "2"]) == 0
     result = json.loads(out.read_text())
     assert set(result) >= {"basic", "composite", "composite_2key", "by_clip", "ground_truth"}
     assert set(result["basic"]["metrics"]["clip1"]) >= set(TRUTH_KEYS)
@@ -205,3 +206,33 @@ def test_printed_table_puts_each_horizon_under_its_column():
     assert "the estimator on the true renders: basic 0.999" in text
     by_clip = [line for line in lines if line.strip("│ ").startswith("basic")][1]
     assert "0.38 / 0.50" in by_clip
+
+
+class _Evaluated(Exception):
+    """Stops the command once it has its evaluation settings."""
+
+
+def test_eval_takes_config_overrides_and_the_old_steps_spelling(tmp_path, monkeypatch):
+    """``--section.field VALUE`` sets the preset's fields the evaluation reads, ``--config``
+    reads them from a file; ``--steps`` still sets the sampler steps, with a warning naming
+    ``--sampler-steps``."""
+    seen = []
+
+    def evaluate(model, settings, **kw):
+        seen.append(settings)
+        raise _Evaluated
+
+    monkeypatch.setattr(eval_cli, "evaluate", evaluate)
+    monkeypatch.setattr(eval_cli, "load_checkpoint_model", lambda *a, **k: None)
+    monkeypatch.setattr(eval_cli, "load_estimator", lambda *a, **k: None)
+    (tmp_path / "eval.yaml").write_text("inherits: cpu\nrollout:\n  steps: 7\n")
+    for args in (["--rollout.steps", "3", "--reward.trans_thresholds", "0.1,0.2"],
+                 ["--config", str(tmp_path / "eval.yaml")]):
+        with pytest.raises(_Evaluated):
+            eval_cli.main(args)
+    with pytest.warns(FutureWarning, match="--sampler-steps"), pytest.raises(_Evaluated):
+        eval_cli.main(["--steps", "5"])
+    assert [s.steps for s in seen] == [3, 7, 5]
+    assert seen[0].trans_thresholds == (0.1, 0.2)
+    with pytest.raises(SystemExit):
+        eval_cli.main(["--rollout.bogus", "1"])

@@ -410,8 +410,8 @@ def test_the_command_line_reports_an_error_in_one_line_or_a_traceback_with_debug
 def test_eval_refuses_zero_steps_and_an_unwritable_json_up_front(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(eval_cli, "evaluate", lambda *a, **k: pytest.fail("evaluated"))
     with pytest.raises(SystemExit):
-        eval_cli.main(["--steps", "0"])
-    assert "--steps must be >= 1" in capsys.readouterr().err
+        eval_cli.main(["--sampler-steps", "0"])
+    assert "--sampler-steps must be >= 1" in capsys.readouterr().err
     (tmp_path / "f").write_text("")
     with pytest.raises(RunDirError, match="--json's directory"):
         eval_cli.main(["--json", str(tmp_path / "f" / "out.json")])

@@ -167,7 +167,7 @@ def test_load_base_model_by_name(tmp_path, monkeypatch):
 def test_eval_of_a_wan_checkpoint_and_of_base_wan(pretrained_dir, tmp_path, monkeypatch):
     from wc_fast.eval import main
 
-    args = ["--sequences", "1", "--clips", "1", "--steps", "2"]
+    args = ["--sequences", "1", "--clips", "1", "--sampler-steps", "2"]
     out = tmp_path / "ckpt.json"
     ckpt = next(pretrained_dir.glob("step_*"))
     assert main(["--checkpoint", str(ckpt), "--json", str(out), *args]) == 0

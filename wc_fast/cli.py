@@ -57,7 +57,7 @@ def parse_run_args(prog: str, description: str, argv: Sequence[str] | None = Non
     given = vars(args)
     overrides = [(path, ",".join(given[path]) if isinstance(given[path], list) else given[path])
                  for path in paths if path in given]
-    overrides += _pairs(parser, rest)
+    overrides += config_pairs(parser, rest)
     if args.out is not None:
         overrides.append((out_field, args.out))
     if args.steps is not None:
@@ -200,7 +200,7 @@ def run_main(prog: str, main: Callable[[list[str]], int],
         return 2
 
 
-def _pairs(parser: argparse.ArgumentParser, rest: list[str]) -> list[tuple[str, str]]:
+def config_pairs(parser: argparse.ArgumentParser, rest: list[str]) -> list[tuple[str, str]]:
     """``["--a.b", "1", "--c.d=2"]`` -> ``[("a.b", "1"), ("c.d", "2")]``."""
     pairs, i = [], 0
     while i < len(rest):

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,7 @@ from tqdm import tqdm
 
 from wc_fast import config as config_lib
 from wc_fast.actions import describe, num_primitives, split_action
-from wc_fast.cli import add_debug, run_main
+from wc_fast.cli import add_debug, config_pairs, run_main
 from wc_fast.evaluation import (
     clip_metrics,
     fit_path,
@@ -344,13 +345,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(overrides --base)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--grid", default=None, help="write a rollout grid PNG here")
-    parser.add_argument("--preset", default="cpu",
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--preset", default="cpu",
                         choices=[p for p in config_lib.PRESETS
                                  if p not in config_lib.NEEDS_MODEL_PATH],
-                        help="preset whose sampler steps and label thresholds to use")
+                        help="preset whose sampler steps and shift and label thresholds to use "
+                             "(rollout.steps, rollout.shift, reward.trans_thresholds, "
+                             "reward.rot_threshold_deg); --section.field VALUE overrides them")
+    source.add_argument("--config", default=None, metavar="FILE",
+                        help="a config file (as wc_fast.train takes) to read them from instead")
     parser.add_argument("--sequences", type=int, default=16, help="sequences per set")
     parser.add_argument("--clips", type=int, default=6, help="clips per sequence")
-    parser.add_argument("--steps", type=int, default=None, help="sampler steps")
+    parser.add_argument("--sampler-steps", type=int, default=None,
+                        help="ODE sampler steps (default: the preset's rollout.steps)")
+    # the old spelling of --sampler-steps: every other command's --steps counts iterations
+    parser.add_argument("--steps", type=int, default=None, dest="old_steps",
+                        help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=EVAL_SEED)
     parser.add_argument("--final", action="store_true",
                         help=f"evaluate on the seeds reserved for final tables "
@@ -360,11 +370,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "commanded and fitted camera paths")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     add_debug(parser)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.old_steps is not None:
+        warnings.warn("python -m wc_fast.eval --steps is deprecated: it is --sampler-steps "
+                      "(--steps counts iterations in every other command)", FutureWarning,
+                      stacklevel=2)
+        args.sampler_steps = args.sampler_steps or args.old_steps
     if args.sequences < 1 or args.clips < 1:
         parser.error("--sequences and --clips must be >= 1")
-    if args.steps is not None and args.steps < 1:
-        parser.error(f"--steps must be >= 1, got {args.steps}")
+    if args.sampler_steps is not None and args.sampler_steps < 1:
+        parser.error(f"--sampler-steps must be >= 1, got {args.sampler_steps}")
+    cfg = (config_lib.load(args.config) if args.config is not None
+           else config_lib.build_preset(args.preset))
+    for path, text in config_pairs(parser, rest):
+        try:
+            config_lib.apply_override(cfg, path, text)
+        except (ValueError, TypeError) as exc:
+            parser.error(str(exc))
     for flag, path in (("--json", args.json), ("--grid", args.grid)):
         if path:  # an unwritable path fails now, not after the whole evaluation
             check_writable_file(path, flag)
@@ -372,9 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = load_checkpoint_model(args.checkpoint, device, base=args.base)
     overrides = {"sequences": args.sequences, "clips": args.clips,
                  "seed": FINAL_EVAL_SEED if args.final else args.seed}
-    if args.steps is not None:
-        overrides["steps"] = args.steps
-    settings = EvalSettings.from_config(config_lib.preset(args.preset), **overrides)
+    if args.sampler_steps is not None:
+        overrides["steps"] = args.sampler_steps
+    settings = EvalSettings.from_config(cfg, **overrides)
     estimator = load_estimator("eval", device="cpu")
     result = evaluate(model, settings, estimator=estimator, progress=True,
                       keep_frames=args.grid is not None or args.save_frames is not None)
