@@ -147,8 +147,10 @@ FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio":
 # model-card fields added after the study began, with the value every cached score was made at:
 # a base model's card that sets one otherwise gives its scores a new evaluation id
 CARD_FIELDS_ADDED_OFF = {"history_window": 0}
-# fields that only measure (they read the run, never change its weights): left out of the hash
-MEASUREMENT_FIELDS = ("train.reader_gap_every",)
+# fields that only measure or report (they read the run, never change its weights): left out
+# of the hash
+MEASUREMENT_FIELDS = ("train.reader_gap_every", "train.wandb_project", "train.wandb_entity",
+                      "train.wandb_group", "train.wandb_tags", "train.wandb_checkpoints")
 # fields renamed after the study began, hashed under the name and value they had then
 FIELDS_RENAMED = {"rollout.candidate_noise": ("exploration", {"independent": "noise"})}
 # the pretraining section the RL run's config held when the study began (the cpu preset's; it

@@ -170,3 +170,66 @@ def test_missing_wandb_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'wc_fast\[wandb\]'"):
         WandbLog(tmp_path, config={}, name="run")
+
+
+class _FakeWandb:
+    """What a run asks of ``wandb``: ``init``'s settings, the artifacts it logs."""
+
+    def __init__(self) -> None:
+        self.settings: dict = {}
+        self.artifacts: list[tuple[str, dict, list[str], list[str]]] = []
+        fake = self
+
+        class Artifact:
+            def __init__(self, name, type, metadata):  # noqa: A002 - wandb's own keyword
+                self.name, self.metadata, self.dirs = name, metadata, []
+
+            def add_dir(self, path):
+                self.dirs.append(path)
+
+        class Run:
+            id = "fake-run"
+
+            def log(self, values, step):
+                pass
+
+            def log_artifact(self, artifact, aliases):
+                fake.artifacts.append((artifact.name, artifact.metadata, artifact.dirs, aliases))
+
+            def finish(self):
+                pass
+
+        self.Artifact, self.Run = Artifact, Run
+
+    def init(self, **settings):
+        self.settings = settings
+        return self.Run()
+
+    def Image(self, path):  # noqa: N802 - wandb's own name
+        return path
+
+
+def test_wandb_project_entity_group_tags_and_checkpoint_artifacts(tmp_path, monkeypatch):
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    out = tmp_path / "run"
+    assert main([*SMOKE, "--out", str(out), "--train.loggers", "jsonl,wandb",
+                 "--train.wandb_project", "p", "--train.wandb_entity", "team",
+                 "--train.wandb_group", "sweep1", "--train.wandb_tags", "a,b",
+                 "--train.wandb_checkpoints", "true", "--train.reader_gap_every", "0"]) == 0
+    assert {k: fake.settings[k] for k in ("project", "entity", "group", "tags")} == {
+        "project": "p", "entity": "team", "group": "sweep1", "tags": ["a", "b"]}
+    assert [(a[0], a[1], a[3]) for a in fake.artifacts] == [
+        ("fake-run-checkpoint", {"step": s}, [f"step_{s}", "latest"]) for s in (1, 2)]
+    assert [Path(a[2][0]).name for a in fake.artifacts] == ["step_00000001", "step_00000002"]
+
+
+def test_wandb_settings_left_empty_are_wandbs_own(tmp_path, monkeypatch):
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    assert main([*SMOKE, "--out", str(tmp_path / "run"), "--train.loggers", "jsonl,wandb",
+                 "--steps", "1", "--train.reader_gap_every", "0"]) == 0
+    assert (fake.settings["project"], fake.settings["entity"], fake.settings["group"],
+            fake.settings["tags"]) == ("wc_fast", None, None, None)
+    assert fake.artifacts == []

@@ -64,6 +64,10 @@ class Tracker(Protocol):
 
     def image(self, tag: str, path: Path, step: int) -> None: ...
 
+    def checkpoint(self, path: Path, step: int) -> None:
+        """A checkpoint the run just wrote, for trackers that keep them."""
+        ...
+
     def state(self) -> dict:
         """What a resumed run needs to continue this tracker's run (kept in the checkpoint)."""
         ...
@@ -103,6 +107,9 @@ class TensorBoardLog:
         self.writer.add_image(tag, pixels, global_step=step, dataformats="HWC")
         self.writer.flush()
 
+    def checkpoint(self, path: Path, step: int) -> None:
+        """TensorBoard keeps no files."""
+
     def state(self) -> dict:
         return {}
 
@@ -141,11 +148,17 @@ class WandbLog:
     """
 
     def __init__(self, directory: str | Path, *, config: dict, name: str,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, project: str = "", entity: str = "",
+                 group: str = "", tags: tuple[str, ...] = (), checkpoints: bool = False
+                 ) -> None:
         self.wandb = wandb = require("wandb", user="train.loggers wandb")
         Path(directory).mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "wc_fast"), name=name,
-                              id=run_id, resume="allow", config=config, mode=wandb_mode(),
+        self.checkpoints = checkpoints
+        # empty settings are left to wandb, which reads WANDB_ENTITY and friends itself
+        self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT", "wc_fast"),
+                              entity=entity or None, group=group or None,
+                              tags=list(tags) or None, name=name, id=run_id, resume="allow",
+                              config=config, mode=wandb_mode(),
                               dir=os.environ.get("WANDB_DIR", str(directory)))
 
     def scalars(self, values: dict[str, float], step: int) -> None:
@@ -153,6 +166,15 @@ class WandbLog:
 
     def image(self, tag: str, path: Path, step: int) -> None:
         self.run.log({tag: self.wandb.Image(str(path))}, step=step)
+
+    def checkpoint(self, path: Path, step: int) -> None:
+        """With ``checkpoints``: the checkpoint folder as a model artifact of the run."""
+        if not self.checkpoints:
+            return
+        artifact = self.wandb.Artifact(f"{self.run.id}-checkpoint", type="model",
+                                       metadata={"step": step})
+        artifact.add_dir(str(path))
+        self.run.log_artifact(artifact, aliases=[f"step_{step}", "latest"])
 
     def state(self) -> dict:
         return {"wandb_run_id": self.run.id}
@@ -216,6 +238,11 @@ class MetricsLog:
         """The PNG at ``path`` to every tracker."""
         for tracker in self.trackers:
             tracker.image(tag, path, step)
+
+    def checkpoint(self, path: Path, step: int) -> None:
+        """A checkpoint just written, to every tracker."""
+        for tracker in self.trackers:
+            tracker.checkpoint(path, step)
 
     def state(self) -> dict:
         """The trackers' resume state, for the checkpoint."""

@@ -54,7 +54,9 @@ RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last",
                      "train.eval_at_end", "train.device", "train.eval_sequences",
                      "train.eval_clips", "train.steps", "train.max_bad_updates",
                      "train.max_update_ratio",
-                     "train.loggers", "rollout.capture", "nft.micro_batch",
+                     "train.loggers", "train.wandb_project", "train.wandb_entity",
+                     "train.wandb_group", "train.wandb_tags", "train.wandb_checkpoints",
+                     "rollout.capture", "nft.micro_batch",
                      "model.activation_checkpointing", *config_lib.RETIRED_SECTIONS)
 
 
@@ -142,7 +144,11 @@ def _open_log(cfg: config_lib.Config, resumed: checkpoint.Checkpoint | None) -> 
         trackers.append(TensorBoardLog(out / "tensorboard", resume_step=step, config=config))
     if "wandb" in cfg.train.loggers:
         run_id = None if resumed is None else resumed.state.get("wandb_run_id")
-        trackers.append(WandbLog(out, config=config, name=str(out), run_id=run_id))
+        tr = cfg.train
+        trackers.append(WandbLog(out, config=config, name=str(out), run_id=run_id,
+                                 project=tr.wandb_project, entity=tr.wandb_entity,
+                                 group=tr.wandb_group, tags=tr.wandb_tags,
+                                 checkpoints=tr.wandb_checkpoints))
     return MetricsLog(out / "metrics.jsonl", resume_step=step, trackers=trackers)
 
 
@@ -176,6 +182,8 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
                 or step + 1 == cfg.train.steps):
             path = _save(trainer, cfg, step + 1, info.is_main,
                          {} if log is None else log.state(), run_id)
+            if log is not None:
+                log.checkpoint(path, step + 1)
             if log is not None and (plot := plot_rewards(log.rows, out / "rewards.png",
                                                          trainer.rule.loss_title)):
                 log.image("plots/rewards", plot, step + 1)

@@ -452,6 +452,17 @@ class TrainConfig:
         "configured; needs the wandb extra). Both trackers also get the resolved config and "
         "the reward and rollout plots, under torchtitan-style metric names "
         "(wc_fast.metrics.TAGS)")})
+    wandb_project: str = field(default="", metadata={"help": (
+        "the W&B project of a wandb logger (empty: WANDB_PROJECT, else wc_fast)")})
+    wandb_entity: str = field(default="", metadata={"help": (
+        "the W&B entity (user or team; empty: WANDB_ENTITY or the account's default)")})
+    wandb_group: str = field(default="", metadata={"help": (
+        "the W&B group the run joins, e.g. one per sweep (empty: none)")})
+    wandb_tags: tuple[str, ...] = field(default=(), metadata={"help": (
+        "W&B tags of the run (comma-separated)")})
+    wandb_checkpoints: bool = field(default=False, metadata={"help": (
+        "log every checkpoint the run writes as a W&B model artifact (aliases step_N and "
+        "latest), so another machine can fetch it")})
     update: Update = field(default="nft", metadata={"help": (
         "the policy update: nft, WorldCompass's negative-aware fine-tuning of the kept "
         "candidates (section nft); flow_grpo, the Flow-GRPO / DanceGRPO update of every "
