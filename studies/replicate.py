@@ -32,8 +32,8 @@ the same changes as the paper family's rows below; the GRPO rows explore by thei
 alone, as exploration in camera motion is the NFT update's), and DanceGRPO at a lower learning
 rate (``recipe_flow_grpo_same_lr1e-4``).
 
-The second family is the paper's recipe (``PAPER_RECIPE``), under which RL does not raise
-action following on this world: ``full`` (clip-level rollouts, IF + VQ), ``sample``,
+The second family is the paper's recipe (``full`` in ``studies/rows.yaml``), under which RL
+does not raise action following on this world: ``full`` (clip-level rollouts, IF + VQ), ``sample``,
 ``if_only``, ``vq_only``, ``sde``; the GRPO family and World-R1's recipe on the same model:
 ``flow_grpo`` (Flow-GRPO, per-candidate noise), ``flow_grpo_same`` (one initial noise per
 group, DanceGRPO), ``flow_grpo_fast`` (SDE in a window of 2 steps), ``trajectory`` (NFT with
@@ -57,6 +57,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+import yaml
 
 from studies.motion_spread import measure as measure_spread
 from wc_fast import checkpoint
@@ -68,72 +69,36 @@ from wc_fast.rewards import load_estimator
 from wc_fast.rewards.motion_spread import camera_motion
 from wc_fast.rewards.weights import ASSETS
 
-# the paper's recipe on the cpu preset (all weights, two groups of 8 per update over 3 clips of
-# mixed commands, IF + VQ at lam 2/3, 300 iterations; the preset's defaults until it took the
-# recipe of docs/design.md section 4.3): every row of the paper's family is this plus its
-# change
-PAPER_RECIPE = ["--model.pose_branch", "false", "--rollout.warp_exploration", "0",
-                "--rollout.action_exploration", "0",
-                "--optim.trainable", "all", "--optim.lr", "3e-5",
-                "--rollout.groups_per_rank", "2", "--rollout.num_clips", "3",
-                "--rollout.composite_fraction", "0.5", "--reward.lam", str(2 / 3),
-                "--ema.end", "0.8", "--nft.compile", "true", "--train.steps", "300"]
-# the GRPO family and World-R1's recipe (issue 17), each one change to a family's full row
-GRPO_FAMILY = {
-    "flow_grpo": ["--train.update", "flow_grpo"],
-    "flow_grpo_same": ["--train.update", "flow_grpo", "--grpo.same_noise", "true"],
-    "flow_grpo_fast": ["--train.update", "flow_grpo", "--grpo.window", "2"],
-    "trajectory": ["--reward.if_kind", "trajectory"],
-    "decoupled": ["--reward.decouple_every", "10", "--reward.decouple_length", "2"],
-    "noise_warp": ["--rollout.noise_warp", "0.5"]}
+# the study's rows: each the cpu preset with its changes (studies/rows.yaml), as the
+# ``--section.field VALUE`` arguments of wc_fast.train
+ROWS_FILE = Path(__file__).resolve().parent / "rows.yaml"
+
+
+def _argument(value: object) -> str:
+    """A row's value as the command line takes it: floats exactly (repr), booleans as
+    true/false, several values comma-separated."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(_argument(v) for v in value)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def row_args(changes: dict) -> list[str]:
+    """``{section: {field: value}}`` -> ``["--section.field", "VALUE", ...]``."""
+    return [arg for section, fields in changes.items() for field, value in fields.items()
+            for arg in (f"--{section}.{field}", _argument(value))]
+
+
+ROWS = {name: row_args(changes or {})
+        for name, changes in yaml.safe_load(ROWS_FILE.read_text()).items()}
+# the GRPO family and World-R1's recipe (issue 17): one change each to a family's full row
 GRPO_TITLES = {"flow_grpo": "Flow-GRPO (per-candidate noise)",
                "flow_grpo_same": "Flow-GRPO, one noise per group (DanceGRPO)",
                "flow_grpo_fast": "Flow-GRPO-Fast (SDE window of 2 steps)",
                "trajectory": "World-R1 trajectory reward",
                "decoupled": "periodic VQ-only phases",
                "noise_warp": "noise warped along the camera"}
-PAPER_ROWS = {name: [*PAPER_RECIPE, *change] for name, change in {
-    "full": [], "sample": ["--rollout.mode", "sample"], "if_only": ["--reward.kind", "if"],
-    "vq_only": ["--reward.kind", "vq"], "sde": ["--rollout.candidate_noise", "sde"],
-    "own_latents": ["--nft.latent_pairing", "own"], **GRPO_FAMILY}.items()}
-# the default recipe explores camera motion through every candidate's action conditioning;
-# without it (and for the GRPO rows matched to that) no row explores in motion
-NO_EXPLORATION = ["--rollout.action_exploration", "0"]
-# the previous default: exploration through the embedded model's warp head instead
-WARP_RECIPE = [*NO_EXPLORATION, "--rollout.warp_exploration", "0.25"]
-DANCE_GRPO = GRPO_FAMILY["flow_grpo_same"]
-# the default recipe and its exploration ablation, NFT against the GRPO family with matched
-# exploration (both without, and DanceGRPO with), then the warp recipe with the paper's
-# ablations of it and World-R1's options, then the paper's family
-ROWS = {"recipe": [], "recipe_no_exploration": NO_EXPLORATION,
-        # the tiny model's keys-to-motion branch, which no other backbone has, left out
-        "recipe_no_pose_branch": ["--model.pose_branch", "false"],
-        "recipe_if_only": ["--reward.kind", "if"],
-        # every weight trained, at a sixth of the conditioning's learning rate
-        "recipe_all_weights": ["--optim.trainable", "all", "--optim.lr", "1e-4"],
-        # credit only for frames whose translation and rotation labels are both right
-        "recipe_if_action": ["--reward.if_kind", "action"],
-        # the same for 120 iterations (twice the wan preset's; 20 minutes of Wan training)
-        "recipe_if_action_120its": ["--reward.if_kind", "action", "--train.steps", "120"],
-        # the same without exploration in camera motion: what the exploration adds to it
-        "recipe_if_action_no_exploration": ["--reward.if_kind", "action", *NO_EXPLORATION],
-        # the IF reward read by re-rendering the world (an oracle no real world offers)
-        "recipe_render_reader": ["--reward.if_reader", "render"],
-        # a KL to the frozen initial model (kept the Wan base's pictures, docs/replication.md)
-        "recipe_kl": ["--nft.kl_beta", "0.1"],
-        "recipe_warp": WARP_RECIPE,
-        "recipe_sde": ["--rollout.candidate_noise", "sde", *NO_EXPLORATION]} | {
-    f"recipe_{name}": [*NO_EXPLORATION, *GRPO_FAMILY[name]]
-    for name in ("flow_grpo", "flow_grpo_same", "flow_grpo_fast")} | {
-    # DanceGRPO at a sixth of the recipe's learning rate (at the recipe's it falls below the base)
-    "recipe_flow_grpo_same_lr1e-4": [*NO_EXPLORATION, *DANCE_GRPO, "--optim.lr", "1e-4"],
-    "recipe_flow_grpo_same_explored": DANCE_GRPO,
-    "recipe_warp_if_only": [*WARP_RECIPE, "--reward.kind", "if"],
-    "recipe_warp_vq_only": [*WARP_RECIPE, "--reward.kind", "vq"],
-    "recipe_warp_3clips": [*WARP_RECIPE, "--rollout.num_clips", "3"],
-    "recipe_warp_sample": [*WARP_RECIPE, "--rollout.num_clips", "3", "--rollout.mode", "sample"]
-} | {f"recipe_warp_{name}": [*WARP_RECIPE, *GRPO_FAMILY[name]]
-     for name in ("trajectory", "decoupled", "noise_warp")} | PAPER_ROWS
 TABLE1_ROW = "recipe"
 # the shipped models an evaluation reads (asset names in wc_fast/assets)
 SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic_eval")

@@ -678,3 +678,16 @@ def test_batched_eager_baseline_runs_no_custom_op_and_replicates_the_history(mon
         assert nft_rule.flow_noise.keywords == {"backend": "reference"}
         trainer.iteration(0)
     assert calls and nft_rule.nft_loss is fused
+
+
+def test_study_rows_are_read_from_their_file_as_wc_fast_train_arguments():
+    replicate = _load("replicate")
+    assert list(replicate.ROWS)[0] == "recipe" and "full" in replicate.ROWS
+    assert replicate.row_args({"optim": {"lr": 3e-5}, "reward": {"lam": 2 / 3},
+                               "nft": {"compile": True}, "model": {"lora_targets": ["a", "b"]}}) \
+        == ["--optim.lr", "3e-05", "--reward.lam", "0.6666666666666666", "--nft.compile", "true",
+            "--model.lora_targets", "a,b"]
+    # the training id of a row is the hash of its resolved config, as when rows were lists of
+    # arguments in the code (ids that name the cached results in studies/results/)
+    assert replicate.training_id("recipe", 0, None) == "bf219110"
+    assert replicate.training_id("recipe_kl", 0, None) == "c7dc26da"
