@@ -36,10 +36,12 @@ def test_the_readme_is_read_in_five_minutes():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 150
 
 
-def test_the_readmes_result_rows_are_lines_of_the_generated_tables():
-    """Each table in the README is preceded by a link to the file that holds it; each of its
-    lines is a line of that file (written by ``python -m studies.final_table``)."""
-    text = (ROOT / "README.md").read_text()
+@pytest.mark.parametrize("doc", ["README.md", "docs/results.md"])
+def test_quoted_result_tables_are_lines_of_the_generated_files(doc):
+    """A result table in the README or docs/results.md follows a link to the generated file
+    that holds it (written by ``python -m studies.final_table``); each of its lines is a line
+    of that file, so the two docs quote the same numbers and neither drifts from the source."""
+    text = (ROOT / doc).read_text()
     tables = re.findall(r"\[`(studies/results/[^`]+\.md)`\]\([^)]*\)[^|]*?\n\n((?:\|.*\n)+)",
                         text)
     assert len(tables) >= 2
