@@ -14,7 +14,8 @@ from wc_fast.rewards.interaction import interaction_score
 from wc_fast.rollout import GroupRollout
 
 
-@pytest.mark.parametrize(("table", "choices"), [(registry.READERS, C.IfReader),
+@pytest.mark.parametrize(("table", "choices"), [(registry.READERS | registry.JOINT_READERS,
+                                                 C.IfReader),
                                                 (registry.IF_SCORES, C.IfKind),
                                                 (registry.CRITICS, C.CriticKind)])
 def test_every_name_the_config_accepts_is_registered(table, choices):
@@ -85,3 +86,23 @@ def test_the_fit_as_reader_reads_no_network_and_has_no_gap(monkeypatch):
     scores = reward(group, frames)
     assert scores.c2w.shape == (3, cfg.model.clip_frames + 1, 4, 4)
     assert reward.reader_gap(group, frames, scores.c2w) == 0.0
+
+
+def test_agreement_pays_the_lower_of_the_estimators_and_the_fits_if(monkeypatch):
+    cfg = C.preset("smoke")
+    C.apply_override(cfg, "reward.if_reader", "agreement")
+    reward = registry.build(cfg)
+    group, frames = _group(cfg)
+    c2w = registry.camera_poses(reward.models.estimator, frames)
+    fitted = registry.fit_path(frames.float())
+    trans, rot = split_action(group.clip_actions)
+    rw = cfg.reward
+    reads = [interaction_score(path.double(), trans, rot, trans_thresholds=rw.trans_thresholds,
+                               rot_threshold_deg=rw.rot_threshold_deg) for path in (c2w, fitted)]
+    scores = reward(group, frames)
+    torch.testing.assert_close(scores.s_if.double(), torch.minimum(*reads), rtol=0, atol=1e-6)
+    torch.testing.assert_close(scores.c2w, c2w, rtol=0, atol=0)
+    # where the fit reads what the estimator reads, the reward is the estimator's own
+    monkeypatch.setattr(registry, "fit_path", lambda f: c2w.double())
+    torch.testing.assert_close(reward(group, frames).s_if.double(), reads[0], rtol=0,
+                               atol=1e-6)

@@ -27,7 +27,7 @@ Capture = Literal["auto", "eager", "compile", "cuda_graph"]
 StdMode = Literal["group", "global"]
 RewardKind = Literal["both", "if", "vq"]
 IfKind = Literal["label", "soft", "action", "trajectory"]
-IfReader = Literal["estimator", "render", "fit", "depth_anything_3"]
+IfReader = Literal["estimator", "render", "fit", "depth_anything_3", "agreement"]
 VqMode = Literal["stride", "drift"]
 CriticKind = Literal["reward", "eval", "hpsv3"]
 LossSpace = Literal[SPACES]  # the kernels' own choices (a tuple subscript unpacks)
@@ -247,7 +247,11 @@ class RewardConfig:
         "the reward's reader, so judge such a run by the estimator and the reader gap is 0. "
         "depth_anything_3: Depth Anything 3's camera poses (the depth-anything-3 package, "
         "weights from reward.reader_checkpoint), the paper's reader, for real video. The "
-        "readers are registered by name in wc_fast.rewards.registry")})
+        "readers are registered by name in wc_fast.rewards.registry. agreement: the "
+        "estimator and the fit both read each candidate and its IF is the lower of their two "
+        "(credit only as far as a network and a classical reader agree; the fit's cost "
+        "again), so a clip that pleases the network alone earns nothing extra; the reader "
+        "gap then still compares the estimator with the fit")})
     reader_checkpoint: str = field(default="", metadata={"help": (
         "the local model folder of reward.if_reader depth_anything_3 (empty otherwise)")})
     trajectory_weights: tuple[float, ...] = field(default=(1.0, 1.0), metadata={"help": (

@@ -100,6 +100,9 @@ READERS: dict[str, Callable[[RewardModels, ScoredGroup, Tensor], Tensor]] = {
     "estimator": _estimated, "depth_anything_3": _estimated, "render": _rendered,
     "fit": _fitted,
 }
+# reward.if_reader names that read with several readers: the IF is the lowest of theirs, the
+# first reader's paths are the group's (motion spread, reader gap)
+JOINT_READERS: dict[str, tuple[str, ...]] = {"agreement": ("estimator", "fit")}
 
 
 def _by_labels(score: Callable[..., Tensor], c2w: Tensor, actions: Tensor,
@@ -154,8 +157,11 @@ class Reward:
 
     def __call__(self, group: ScoredGroup, frames: Tensor) -> GroupScores:
         rw = self.cfg
-        c2w = READERS[rw.if_reader](self.models, group, frames)
-        s_if = IF_SCORES[rw.if_kind](c2w, group.clip_actions, rw)
+        paths = [READERS[name](self.models, group, frames)
+                 for name in JOINT_READERS.get(rw.if_reader, (rw.if_reader,))]
+        c2w = paths[0]
+        s_if = torch.stack([IF_SCORES[rw.if_kind](p, group.clip_actions, rw).to(c2w.device)
+                            for p in paths]).amin(0)
         s_vq = vq_scores(self.models.critic, frames, stride=rw.vq_stride, mode=rw.vq_mode)
         return GroupScores(s_if=s_if, s_vq=s_vq, c2w=c2w)
 
@@ -174,7 +180,7 @@ def build(cfg: Config, device: torch.device | str = "cpu",
           models: RewardModels | None = None) -> Reward:
     """The reward function ``cfg.reward`` names, its models built on ``device`` unless given."""
     rw = cfg.reward
-    for path, name, table in (("reward.if_reader", rw.if_reader, READERS),
+    for path, name, table in (("reward.if_reader", rw.if_reader, READERS | JOINT_READERS),
                               ("reward.if_kind", rw.if_kind, IF_SCORES),
                               ("reward.critic", rw.critic, CRITICS)):
         if name not in table:
