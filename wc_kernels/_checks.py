@@ -43,8 +43,10 @@ def check_shape(name: str, t: Tensor, shape: tuple[int, ...], what: str) -> None
 
 
 def values_checkable() -> bool:
-    """Value checks read tensors on the host: skip them while compiling or capturing a graph."""
-    if torch.compiler.is_compiling():
+    """Value checks read tensors on the host: skip them while compiling, capturing a graph or
+    running on fake tensors (``FakeTensorMode``, as a memory estimate does), which hold no
+    values."""
+    if torch.compiler.is_compiling() or torch._guards.detect_fake_mode() is not None:
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 

@@ -87,8 +87,8 @@ def chunk_ids(frames: int, clip_frames: int, device: torch.device) -> Tensor:
     """Chunk index ``[T]`` of every frame of a history of ``frames`` that starts with the
     prompt frame."""
     sizes = history_chunks(0, frames, clip_frames)
-    return torch.repeat_interleave(torch.arange(len(sizes), device=device),
-                                   torch.tensor(sizes, device=device))
+    # built on the host from the sizes: no output size that depends on a tensor's values
+    return torch.tensor([i for i, n in enumerate(sizes) for _ in range(n)], device=device)
 
 
 def check_history_window(window: int) -> int:
@@ -113,7 +113,8 @@ def _chunk_starts(chunk: Tensor) -> Tensor:
     first = torch.ones_like(chunk, dtype=torch.bool)
     first[1:] = chunk[1:] != chunk[:-1]
     frames = torch.arange(chunk.shape[0], device=chunk.device)
-    return frames[first][chunk]
+    # the latest chunk start at or before each frame (no value-dependent indexing)
+    return torch.where(first, frames, 0).cummax(0).values
 
 
 def history_mask(frames: int, clip_frames: int, device: torch.device, window: int = 0

@@ -60,6 +60,7 @@ from wc_fast.models.lora import inject_lora, lora_parameters
 from wc_fast.models.protocol import ContextCache
 from wc_fast.models.tiny_dit import PROMPT_ACTION, key_table
 from wc_kernels import prefix_attention
+from wc_kernels._checks import values_checkable
 from wc_kernels.reference import compute_dtype
 
 # diffusers' flow-matching schedulers use timestep = sigma * num_train_timesteps
@@ -78,16 +79,19 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class LayerAttention:
-    """One self-attention layer's attention ``attend(q, k, v)`` over ``[B, H, N, Dh]`` that
-    keeps the layer's position-encoded keys and values: what a cache stores."""
+    """One self-attention layer's attention ``attend(q, k, v)`` over ``[B, H, N, Dh]`` that,
+    with ``keep``, keeps the layer's position-encoded keys and values: what a cache stores
+    (without, nothing outlives the call: a checkpointed block holds this object until its
+    backward)."""
 
-    def __init__(self, attend: Attend) -> None:
-        self.attend = attend
+    def __init__(self, attend: Attend, keep: bool = True) -> None:
+        self.attend, self.keep = attend, keep
         self.keys: Tensor | None = None
         self.values: Tensor | None = None
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        self.keys, self.values = k, v
+        if self.keep:
+            self.keys, self.values = k, v
         return self.attend(q, k, v)
 
 
@@ -508,7 +512,8 @@ class WanWorldModel(nn.Module):
         positions), the row and column axes as diffusers' ``WanRotaryPosEmbed`` builds them."""
         rope = self.transformer.rope
         gh, gw = self.grid
-        if int(positions.max()) >= rope.max_seq_len or max(gh, gw) > rope.max_seq_len:
+        if max(gh, gw) > rope.max_seq_len or (values_checkable()
+                                              and int(positions.max()) >= rope.max_seq_len):
             raise ValueError(f"positions up to {int(positions.max())} and a {gh}x{gw} grid "
                              f"exceed the transformer's rope_max_seq_len {rope.max_seq_len}")
         f = positions.shape[0]
@@ -540,7 +545,7 @@ class WanWorldModel(nn.Module):
 
     def _trunk(self, frames: Tensor, sigma: Tensor, actions: Tensor, positions: Tensor,
                attend_for: Callable[[int], Attend], action_offset: Tensor | None = None,
-               reference: Tensor | None = None
+               reference: Tensor | None = None, keep_kv: bool = True
                ) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor]]:
         """Every block on ``frames`` ``[B, F, C, H, W]`` at per-frame ``sigma`` and ``actions``
         ``[B, F]`` (movement keys shifted by ``action_offset`` ``[B, 8]``, see
@@ -549,7 +554,9 @@ class WanWorldModel(nn.Module):
         frame, concatenated channel-wise (with ``reference_frame``; ``None`` without).
 
         Returns the last block's tokens ``[B, F*h*w, D]``, the per-frame timestep embedding
-        ``[B, F, D]`` and every layer's position-encoded keys and values ``[B, H, F*h*w, Dh]``.
+        ``[B, F, D]`` and every layer's position-encoded keys and values ``[B, H, F*h*w, Dh]``
+        (empty lists without ``keep_kv``: a velocity drops each layer's as soon as the layer is
+        done, instead of holding every layer's until the last).
         With activation checkpointing and gradients on, each block keeps only its input and
         runs again in the backward (its keys and values are recomputed with it).
         """
@@ -564,12 +571,13 @@ class WanWorldModel(nn.Module):
                 frames = torch.cat([frames, reference], dim=2)
             x = self._embed(frames).to(self.transformer.patch_embedding.weight.dtype)
             for i, block in enumerate(self.transformer.blocks):
-                layer = LayerAttention(attend_for(i))
+                layer = LayerAttention(attend_for(i), keep=keep_kv)
                 args = (block, x, context, modulation, rope, layer)
                 x = (checkpoint(block_forward, *args, use_reentrant=False) if rerun
                      else block_forward(*args))
-                keys.append(layer.keys)
-                values.append(layer.values)
+                if keep_kv:
+                    keys.append(layer.keys)
+                    values.append(layer.values)
         return x, temb, keys, values
 
     def _head(self, x: Tensor, temb: Tensor, first: int = 0) -> Tensor:
@@ -691,7 +699,7 @@ class WanWorldModel(nn.Module):
         positions = torch.arange(cache.num_frames, cache.num_frames + f, device=x_t.device)
         x, temb, _, _ = self._trunk(x_t, sigma[:, None].expand(b, f), actions, positions,
                                     lambda i: self._prefix_attend(cache, i), action_offset,
-                                    self._cache_reference(cache, x_t))
+                                    self._cache_reference(cache, x_t), keep_kv=False)
         return self._head(x, temb)
 
     def teacher_forced_velocity(self, frames: Tensor, actions: Tensor, x_t: Tensor,
@@ -726,6 +734,6 @@ class WanWorldModel(nn.Module):
             reference = torch.cat([reference, reference[:, 1:]], dim=1)
         x, temb, _, _ = self._trunk(torch.cat([frames, x_t.to(frames.dtype)], dim=1), all_sigma,
                                     all_actions, positions, lambda _: attend,
-                                    reference=reference)
+                                    reference=reference, keep_kv=False)
         return self._head(x, temb, first=total)
 

@@ -461,14 +461,15 @@ class WorldPlayWorldModel(nn.Module):
         return prope_matrices(w2c.to(dtype), ks.to(dtype))
 
     def _trunk(self, frames: Tensor, vec: Tensor, positions: Tensor, w2c: Tensor,
-               prefix: tuple[list[Tensor], list[Tensor]], prompt_first: bool
-               ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+               prefix: tuple[list[Tensor], list[Tensor]], prompt_first: bool,
+               keep_kv: bool = True) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """The image stream on latents ``frames`` ``[B, F, C, H, W]`` with per-frame ``vec``
         ``[B, F, D]``, RoPE frame ``positions`` ``[F]`` and cameras ``w2c`` ``[B, F, 4, 4]``,
         attending to ``prefix`` (each block's ``[1, 2H, P, Dh]`` keys, values) and to itself.
 
         Returns the last block's tokens ``[B, F*T, D]`` and each block's own keys and values
-        ``[B, 2H, F*T, Dh]``.
+        ``[B, 2H, F*T, Dh]`` (empty lists without ``keep_kv``: a velocity drops each block's as
+        soon as the block is done, instead of holding every block's until the last).
         """
         rope = rope_tables(self.config.rope_dim_list, self.config.rope_theta, positions,
                            self.grid)
@@ -487,8 +488,9 @@ class WorldPlayWorldModel(nn.Module):
                 args = ("vision", x, vec, rope, cameras, attend)
                 x, k, v = (checkpoint(block, *args, use_reentrant=False) if rerun
                            else block(*args))
-                keys.append(k)
-                values.append(v)
+                if keep_kv:
+                    keys.append(k)
+                    values.append(v)
         return x, keys, values
 
     def _head(self, x: Tensor, vec: Tensor) -> Tensor:
@@ -620,7 +622,8 @@ class WorldPlayWorldModel(nn.Module):
         positions = torch.arange(cache.num_frames, cache.num_frames + f, device=x_t.device)
         vec = self._conditioning(sigma, actions, keys)
         prefix = (cache.keys, cache.values) if cache.keys else self._text_prefix()
-        x, _, _ = self._trunk(x_t, vec, positions, w2c, prefix, prompt_first=False)
+        x, _, _ = self._trunk(x_t, vec, positions, w2c, prefix, prompt_first=False,
+                              keep_kv=False)
         return self._head(x, vec)
 
     def teacher_forced_velocity(self, frames: Tensor, actions: Tensor, x_t: Tensor,
