@@ -99,6 +99,7 @@ class Checkpoint:
     config: dict
     state: dict
     run_id: str | None = None
+    world_size: int | None = None  # ranks of the run that wrote it (None: not recorded)
 
 
 def rng_state() -> dict:
@@ -176,7 +177,7 @@ def _meta_digest(meta: dict) -> str:
 
 
 def _write_files(directory: Path, step: int, models: dict, config: dict, state: dict,
-                 base: FrozenBase | None, run: dict) -> None:
+                 base: FrozenBase | None, run: dict, world_size: int) -> None:
     """Every file of checkpoint ``step`` into ``directory``, ``meta.json`` (with the others'
     hashes, the frozen ``base``, if any, the ``run`` lineage and its own digest) last."""
     files = {f"{name}.safetensors": _write_synced(directory / f"{name}.safetensors",
@@ -185,7 +186,7 @@ def _write_files(directory: Path, step: int, models: dict, config: dict, state: 
     files["state.pt"] = _write_synced(directory / "state.pt",
                                       _torch_bytes({**state, "rng": rng_state()}))
     meta = {"step": step, "config": config, "models": sorted(models), "files": files,
-            "run": run}
+            "run": run, "world_size": world_size}
     if base is not None:
         meta["base"] = asdict(base)
     meta["sha256"] = _meta_digest(meta)
@@ -196,12 +197,13 @@ def _write_files(directory: Path, step: int, models: dict, config: dict, state: 
 def save(directory: str | os.PathLike, step: int, *,
          models: dict[str, nn.Module | Mapping[str, torch.Tensor]],
          config: dict, state: dict, keep_last: int = 2, base: FrozenBase | None = None,
-         run_id: str | None = None) -> Path:
+         run_id: str | None = None, world_size: int = 1) -> Path:
     """Write checkpoint ``step`` atomically and durably under ``directory``; keep only the
     ``keep_last`` most recently written checkpoints of run ``run_id`` (its lineage:
     :func:`new_run_id` for a fresh run, :attr:`Checkpoint.run_id` for a resumed one; ``None``
     is the lineage of every checkpoint saved without one, as older checkpoints were).
-    Checkpoints of other runs, and any whose ``meta.json`` cannot be read, are left alone.
+    ``world_size``: the ranks of the run (recorded, so that a run resumed at another world
+    size can keep its global batch). Checkpoints of other runs, and any whose ``meta.json`` cannot be read, are left alone.
 
     ``models`` maps a name to a module or to its already gathered weights (what
     :func:`wc_fast.distributed.full_state_dict` returns for a sharded model). ``base``: the
@@ -220,7 +222,7 @@ def save(directory: str | os.PathLike, step: int, *,
                                          if rid is not _UNREADABLE), default=0)}
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        _write_files(tmp, step, models, config, state, base, run)
+        _write_files(tmp, step, models, config, state, base, run, world_size)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -300,10 +302,11 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-# the fields of meta.json and their JSON types (files, run, base and sha256 are optional:
+# the fields of meta.json and their JSON types (files, run, base, sha256 and world_size are
+# optional:
 # checkpoints of older versions lack them)
 _META_FIELDS = {"step": int, "config": dict, "models": list, "files": dict, "run": dict,
-                "base": dict, "sha256": str}
+                "base": dict, "sha256": str, "world_size": int}
 _REQUIRED_META = ("step", "config", "models")
 
 
@@ -435,15 +438,16 @@ def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
         raise CheckpointError(f"checkpoint {path} is corrupt or incompatible: {exc}") from exc
     run = meta.get("run", {})
     return Checkpoint(path=path, step=meta["step"], config=meta["config"], state=state,
-                      run_id=run.get("id") if isinstance(run.get("id"), str) else None)
+                      run_id=run.get("id") if isinstance(run.get("id"), str) else None,
+                      world_size=meta.get("world_size"))
 
 
 def check_resumable(directory: str | os.PathLike, config: dict,
-                    ignore: tuple[str, ...] = ()) -> None:
+                    ignore: tuple[str, ...] = ()) -> dict | None:
     """Before any setup: :class:`CheckpointError` when ``directory`` holds no checkpoint,
     :class:`ConfigMismatchError` when the newest one whose ``meta.json`` reads was written
-    with another ``config`` (but for ``ignore``). Damage is left to
-    :func:`load_latest_intact`."""
+    with another ``config`` (but for ``ignore``); returns that ``meta.json`` (``None`` when
+    none reads). Damage is left to :func:`load_latest_intact`."""
     found = list_checkpoints(directory)
     if not found:
         raise _none_found(directory)
@@ -453,7 +457,8 @@ def check_resumable(directory: str | os.PathLike, config: dict,
         except CheckpointError:
             continue
         check_config(path, meta["config"], config, ignore)
-        return
+        return meta
+    return None
 
 
 def load_latest_intact(directory: str | os.PathLike, *, models: dict[str, nn.Module],

@@ -462,6 +462,12 @@ class TrainConfig:
         "the policy update: nft, WorldCompass's negative-aware fine-tuning of the kept "
         "candidates (section nft); flow_grpo, the Flow-GRPO / DanceGRPO update of every "
         "candidate at its recorded SDE steps (section grpo)")})
+    collective_timeout_s: float = field(default=1800.0, metadata={"help": (
+        "multi-rank runs: the process-group timeout of every collective (also bounding how "
+        "long ranks wait for rank 0's checkpoint writes and end-of-run evaluation), and how "
+        "long a rank's heartbeat may go silent before its peers name it as stalled and exit, "
+        "so that torchrun --max-restarts restarts the job from its newest checkpoint; seconds "
+        "> 0 (default: gloo's own default)")})
 
 
 @dataclass(slots=True)
@@ -1243,6 +1249,9 @@ def validate(cfg: Config) -> None:
     _require(tr.eval_clips >= 1, "train.eval_clips", "an integer >= 1", tr.eval_clips)
     _require(tr.max_update_ratio >= 0, "train.max_update_ratio", ">= 0 (0 = off)",
              tr.max_update_ratio)
+    _require(math.isfinite(tr.collective_timeout_s) and tr.collective_timeout_s > 0,
+             "train.collective_timeout_s", "a finite number of seconds > 0",
+             tr.collective_timeout_s)
     _require("jsonl" in tr.loggers and set(tr.loggers) <= set(LOGGERS)
              and len(set(tr.loggers)) == len(tr.loggers), "train.loggers",
              f"distinct names from {LOGGERS} including 'jsonl'", tr.loggers)

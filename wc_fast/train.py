@@ -20,7 +20,9 @@ import torch
 from rich.console import Console
 from tqdm import tqdm
 
-from wc_fast import checkpoint
+import torch.distributed as dist
+
+from wc_fast import checkpoint, elastic
 from wc_fast import config as config_lib
 from wc_fast.cli import RunArgs, config_yaml, parse_run_args, run_main
 from wc_fast.distributed import (
@@ -41,21 +43,26 @@ from wc_fast.metrics import (
 from wc_fast.models import WorldModel
 from wc_fast.models.pretrained import frame_codec, initial_model
 from wc_fast.preemption import EXIT_PREEMPTED, StopRequest
+from wc_fast.rank_layout import FIELD as GROUPS_PER_RANK
+from wc_fast.rank_layout import follow_world_size, global_batch
 from wc_fast.run_dir import RunLock, check_writable_dir, claim
 from wc_fast.runtime import resolve_device
 from wc_fast.telemetry import GpuTelemetry
 from wc_fast.trainer import NumericalFaultError, Trainer
+from wc_fast.watchdog import Watchdog
 
 # fields that may differ between an interrupted run and its resumption (train.steps: a resumed
 # run may be extended, see _schedule_steps), and the sections a checkpoint written by an
 # earlier version may hold that the RL run never read
 RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last",
-                     "train.reader_gap_every",
+                     "train.reader_gap_every", "train.collective_timeout_s",
                      "train.eval_at_end", "train.device", "train.eval_sequences",
                      "train.eval_clips", "train.steps", "train.max_bad_updates",
                      "train.max_update_ratio",
                      "train.loggers", "rollout.capture", "nft.micro_batch",
-                     "model.activation_checkpointing", *config_lib.RETIRED_SECTIONS)
+                     "model.activation_checkpointing", *config_lib.RETIRED_SECTIONS,
+                     # may follow the world size; the global batch is checked instead
+                     GROUPS_PER_RANK)
 
 
 def trainer_spread(row: dict) -> list[float]:
@@ -82,7 +89,7 @@ def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
 
 
 def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool,
-          tracking: dict, run_id: str | None) -> Path:
+          tracking: dict, run_id: str | None, world_size: int) -> Path:
     """Rank 0 writes the checkpoint of run ``run_id`` (its lineage), with the trackers' resume
     state ``tracking``; under FSDP2 every rank first helps gather it. Returns its path (on
     every rank)."""
@@ -95,7 +102,7 @@ def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool,
     if is_main:
         checkpoint.save(cfg.train.out, step, models=models, config=config_lib.to_dict(cfg),
                         keep_last=cfg.train.keep_last, state=state, base=trainer.frozen_base,
-                        run_id=run_id)
+                        run_id=run_id, world_size=world_size)
     return path
 
 
@@ -119,13 +126,20 @@ def _schedule_steps(ckpt: checkpoint.Checkpoint, cfg: config_lib.Config) -> int:
 
 def _resume(trainer: Trainer, cfg: config_lib.Config) -> checkpoint.Checkpoint:
     """Load the newest intact checkpoint of ``train.out`` into ``trainer``; one of another
-    config raises :class:`~wc_fast.checkpoint.ConfigMismatchError` naming the fields."""
+    config (or another global batch) raises :class:`~wc_fast.checkpoint.ConfigMismatchError`
+    naming the fields."""
     ckpt = checkpoint.load_latest_intact(cfg.train.out,
                                          models={"model": trainer.model, "old": trainer.old},
                                          base=trainer.frozen_base,
                                          required_state=("optimizers",),
                                          config=config_lib.to_dict(cfg),
                                          ignore=RESUMABLE_CHANGES)
+    groups = cfg.rollout.groups_per_rank * trainer.world_size
+    saved = global_batch(ckpt.config, ckpt.world_size or trainer.world_size)
+    if saved != groups:  # a fallback past checkpoints of the layout the run was adapted to
+        raise checkpoint.ConfigMismatchError(
+            f"checkpoint {ckpt.path} rolls out {saved} groups per iteration, this run "
+            f"{groups} ({GROUPS_PER_RANK} x {trainer.world_size} rank(s))")
     load_optimizer_state(trainer.model, trainer.optimizers, ckpt.state["optimizers"])
     trainer.schedule_steps = _schedule_steps(ckpt, cfg)
     return ckpt
@@ -148,10 +162,11 @@ def _open_log(cfg: config_lib.Config, resumed: checkpoint.Checkpoint | None) -> 
 
 def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
           log: MetricsLog | None, stop: StopRequest, console: Console,
-          run_id: str | None) -> bool:
-    """Iterations ``start .. train.steps`` with their checkpoints (of run ``run_id``); returns
-    whether a stop signal ended them early. Raises :class:`NumericalFaultError` after
-    ``train.max_bad_updates`` consecutive skipped updates, once the state is checkpointed."""
+          run_id: str | None, watch: Watchdog | None) -> bool:
+    """Iterations ``start .. train.steps`` with their checkpoints (of run ``run_id``), each
+    reported to the ``watch``; returns whether a stop signal ended them early. Raises
+    :class:`NumericalFaultError` after ``train.max_bad_updates`` consecutive skipped updates,
+    once the state is checkpointed."""
     out = Path(cfg.train.out)
     telemetry = GpuTelemetry(trainer.device.index or 0)
     peak = matmul_flops(trainer.device,
@@ -159,6 +174,8 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
     bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps,
                desc="RL", disable=not info.is_main, dynamic_ncols=True)
     for step in bar:
+        if watch is not None:
+            watch.step = step + 1
         row = _row(trainer.iteration(step), peak, telemetry)
         bar.set_postfix(clip=row["clip"], IF=f"{row['if_mean']:.3f}",
                         VQ=f"{row['vq_mean']:.3f}", r_std=f"{row['r_std']:.2f}",
@@ -175,7 +192,7 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
         if (faulted or stopping or (step + 1) % cfg.train.ckpt_every == 0
                 or step + 1 == cfg.train.steps):
             path = _save(trainer, cfg, step + 1, info.is_main,
-                         {} if log is None else log.state(), run_id)
+                         {} if log is None else log.state(), run_id, info.world_size)
             if log is not None and (plot := plot_rewards(log.rows, out / "rewards.png")):
                 log.image("plots/rewards", plot, step + 1)
         if faulted:
@@ -228,19 +245,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = run.config
     device = resolve_device(cfg.train.device)
     out = check_writable_dir(cfg.train.out, "train.out")
-    info = init_from_env(device.type)
+    info = init_from_env(device.type, timeout_s=cfg.train.collective_timeout_s)
     if device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
+    watch = (Watchdog(out, info.rank, info.world_size, cfg.train.collective_timeout_s)
+             if info.world_size > 1 else None)
     # rank 0 writes the directory, so it alone holds the lock
-    with RunLock(out) if info.is_main else contextlib.nullcontext():
+    with watch or contextlib.nullcontext(), \
+            RunLock(out) if info.is_main else contextlib.nullcontext():
         if info.is_main:
+            run.resume, run.overwrite = elastic.start_mode(out, run.resume, run.overwrite)
             claim(out, resume=run.resume, overwrite=run.overwrite)
+            elastic.record_job(out)
+        if info.world_size > 1:  # rank 0 decided (a restart resumes): every rank follows
+            decided = [run.resume]
+            dist.broadcast_object_list(decided, src=0, group=info.group)
+            run.resume = decided[0]
         if run.resume:  # another config fails now, not after the models are built
-            checkpoint.check_resumable(out, config_lib.to_dict(cfg), RESUMABLE_CHANGES)
-        return _run(run, device, info)
+            meta = checkpoint.check_resumable(out, config_lib.to_dict(cfg), RESUMABLE_CHANGES)
+            if meta is not None:
+                follow_world_size(cfg, meta["config"], meta.get("world_size"),
+                                  info.world_size, str(out))
+        return _run(run, device, info, watch)
 
 
-def _run(run: RunArgs, device: torch.device, info: DistInfo) -> int:
+def _run(run: RunArgs, device: torch.device, info: DistInfo, watch: Watchdog | None) -> int:
     """Set up, resume if asked, train, summarise (under the directory's lock)."""
     cfg = run.config
     console = Console(quiet=not info.is_main)
@@ -261,7 +290,7 @@ def _run(run: RunArgs, device: torch.device, info: DistInfo) -> int:
         checkpoint.write_atomic(out / "config.yaml", config_yaml(cfg).encode())
     log = _open_log(cfg, resumed) if info.is_main else None
     with StopRequest() as stop:
-        preempted = _loop(trainer, cfg, info, start, log, stop, console, run_id)
+        preempted = _loop(trainer, cfg, info, start, log, stop, console, run_id, watch)
     if preempted:
         if log is not None:
             log.close()
