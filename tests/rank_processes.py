@@ -25,13 +25,16 @@ def checkout_env() -> dict[str, str]:
 
 
 class RankProcesses:
-    """``world`` ranks of ``python -m wc_fast.train args``; each rank's stderr goes to
-    ``logs/rank_<r>.log`` (a file: a full pipe would stall the rank). A context manager that
-    kills whatever still runs on exit."""
+    """``world`` ranks of ``python -m wc_fast.train args``; each rank's output goes to
+    ``logs/rank_<r>.log`` (a file: a full pipe would stall the rank). ``store``: the
+    rendezvous store to meet in (a new one by default; pass the previous attempt's
+    :attr:`store` to restart a job as torchrun does). A context manager that kills whatever
+    still runs on exit."""
 
     def __init__(self, args: list[str], world: int, logs: Path,
-                 extra_env: dict[str, str] | None = None) -> None:
-        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+                 extra_env: dict[str, str] | None = None, store: TCPStore | None = None
+                 ) -> None:
+        self.store = store or TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         logs.mkdir(parents=True, exist_ok=True)
         self.logs = [logs / f"rank_{r}.log" for r in range(world)]
         env = {**checkout_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.store.port),
@@ -43,7 +46,7 @@ class RankProcesses:
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", "wc_fast.train", *args],
                     env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                    stdout=subprocess.DEVNULL, stderr=err))
+                    stdout=err, stderr=subprocess.STDOUT))
 
     def __enter__(self) -> RankProcesses:
         return self
@@ -56,3 +59,7 @@ class RankProcesses:
 
     def log(self, rank: int) -> str:
         return self.logs[rank].read_text()
+
+    def wait(self, timeout: float) -> list[int]:
+        """Wait for every rank to end; their exit statuses."""
+        return [proc.wait(timeout=timeout) for proc in self.procs]

@@ -45,8 +45,19 @@ def init_from_env(device_kind: str, timeout_s: float | None = None) -> DistInfo:
     if device_kind == "cuda":
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
+        backend = "nccl" if device_kind == "cuda" else "gloo"
         timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group("nccl" if device_kind == "cuda" else "gloo", timeout=timeout)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            # torchrun's agent serves one store to every attempt of the job: without a prefix
+            # per attempt, a restarted rank reads the addresses its peers published in the
+            # previous attempt and connects to ports no one listens on ("Connection refused")
+            store, rank, world = next(dist.rendezvous(
+                "env://", **({} if timeout is None else {"timeout": timeout})))
+            dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{attempt}", store),
+                                    rank=rank, world_size=world, timeout=timeout)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dist.group.WORLD)
 
 

@@ -284,6 +284,8 @@ def _run(run: RunArgs, device: torch.device, info: DistInfo, watch: Watchdog | N
                       "runs it eagerly)")
     resumed = _resume(trainer, cfg) if run.resume else None
     start = 0 if resumed is None else resumed.step
+    if resumed is not None:
+        console.print(f"resumed from checkpoint {resumed.path.name} (step {resumed.step})")
     run_id = checkpoint.new_run_id() if resumed is None else resumed.run_id
     out = Path(cfg.train.out)
     if info.is_main:  # the resolved config beside the run (python -m wc_fast.train --print-config)
