@@ -87,7 +87,7 @@ class Watchdog:
             stalled = self.stalled(older_than=3 * self.interval)
             if stalled:
                 exit_stalled(stalled, self.timeout)
-        self.stop()
+        self.stop(done=kind is None)
 
     def start(self) -> None:
         """Begin the watch, beat once, and start the thread."""
@@ -103,13 +103,15 @@ class Watchdog:
             self._initial = {r: self._read(r) for r in range(self.world_size) if r != self.rank}
             self._seen = {r: (beat, now) for r, beat in self._initial.items()}
 
-    def stop(self) -> None:
-        """Stop watching and leave a last heartbeat marked done (peers stop watching it)."""
+    def stop(self, done: bool = True) -> None:
+        """Stop beating and watching; ``done``: the run ended cleanly, and a last heartbeat
+        says so (peers stop watching it; otherwise they name it if this process lingers)."""
         if not self._thread.is_alive():
             return
         self._stop.set()
         self._thread.join()
-        self.beat(done=True)
+        if done:
+            self.beat(done=True)
 
     def _path(self, rank: int) -> Path:
         return self.folder / f"rank_{rank}.json"
