@@ -468,6 +468,10 @@ class TrainConfig:
         "long a rank's heartbeat may go silent before its peers name it as stalled and exit, "
         "so that torchrun --max-restarts restarts the job from its newest checkpoint; seconds "
         "> 0 (default: gloo's own default)")})
+    async_checkpoint: bool = field(default=False, metadata={"help": (
+        "multi-rank runs (whose checkpoints are sharded, torch.distributed.checkpoint): write "
+        "each checkpoint in the background (dcp.async_save) while the next iterations run; it "
+        "is committed before the next checkpoint starts and before the run ends")})
 
 
 @dataclass(slots=True)

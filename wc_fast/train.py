@@ -25,13 +25,7 @@ import torch.distributed as dist
 from wc_fast import checkpoint, elastic
 from wc_fast import config as config_lib
 from wc_fast.cli import RunArgs, config_yaml, parse_run_args, run_main
-from wc_fast.distributed import (
-    DistInfo,
-    init_from_env,
-    load_optimizer_state,
-    optimizer_state,
-    shutdown,
-)
+from wc_fast.distributed import DistInfo, init_from_env, optimizer_state, shutdown
 from wc_fast.metrics import (
     MetricsLog,
     TensorBoardLog,
@@ -47,6 +41,7 @@ from wc_fast.rank_layout import FIELD as GROUPS_PER_RANK
 from wc_fast.rank_layout import follow_world_size, global_batch
 from wc_fast.run_dir import RunLock, check_writable_dir, claim
 from wc_fast.runtime import resolve_device
+from wc_fast.sharded_checkpoint import ShardedWriter
 from wc_fast.telemetry import GpuTelemetry
 from wc_fast.trainer import NumericalFaultError, Trainer
 from wc_fast.watchdog import Watchdog
@@ -56,6 +51,7 @@ from wc_fast.watchdog import Watchdog
 # earlier version may hold that the RL run never read
 RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last",
                      "train.reader_gap_every", "train.collective_timeout_s",
+                     "train.async_checkpoint",
                      "train.eval_at_end", "train.device", "train.eval_sequences",
                      "train.eval_clips", "train.steps", "train.max_bad_updates",
                      "train.max_update_ratio",
@@ -88,21 +84,26 @@ def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
     return row
 
 
-def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool,
-          tracking: dict, run_id: str | None, world_size: int) -> Path:
-    """Rank 0 writes the checkpoint of run ``run_id`` (its lineage), with the trackers' resume
-    state ``tracking``; under FSDP2 every rank first helps gather it. Returns its path (on
-    every rank)."""
+def _save(trainer: Trainer, cfg: config_lib.Config, step: int, info: DistInfo,
+          tracking: dict, run_id: str | None, writer: ShardedWriter | None) -> Path:
+    """Checkpoint ``step`` of run ``run_id`` (its lineage), with the trackers' resume state
+    ``tracking``: sharded by every rank through the ``writer`` in a multi-rank run, else one
+    file per model written by rank 0. Returns its path (on every rank)."""
+    state = {"schedule_steps": trainer.schedule_steps, **tracking}
+    common = {"config": config_lib.to_dict(cfg), "keep_last": cfg.train.keep_last,
+              "base": trainer.frozen_base, "run_id": run_id, "world_size": info.world_size}
+    if writer is not None:
+        return writer.save(step, models={"model": trainer.model, "old": trainer.old},
+                           optimizers=(trainer.model, trainer.optimizers),
+                           keys=trainer.trained if trainer.partial else None, state=state,
+                           **common)
     path = Path(cfg.train.out) / f"{checkpoint.PREFIX}{step:08d}"
-    if not (is_main or trainer.sharded):
+    if not (info.is_main or trainer.sharded):
         return path
     models = trainer.checkpoint_weights()
-    state = {"optimizers": optimizer_state(trainer.model, trainer.optimizers),
-             "schedule_steps": trainer.schedule_steps, **tracking}
-    if is_main:
-        checkpoint.save(cfg.train.out, step, models=models, config=config_lib.to_dict(cfg),
-                        keep_last=cfg.train.keep_last, state=state, base=trainer.frozen_base,
-                        run_id=run_id, world_size=world_size)
+    state["optimizers"] = optimizer_state(trainer.model, trainer.optimizers)
+    if info.is_main:
+        checkpoint.save(cfg.train.out, step, models=models, state=state, **common)
     return path
 
 
@@ -131,7 +132,7 @@ def _resume(trainer: Trainer, cfg: config_lib.Config) -> checkpoint.Checkpoint:
     ckpt = checkpoint.load_latest_intact(cfg.train.out,
                                          models={"model": trainer.model, "old": trainer.old},
                                          base=trainer.frozen_base,
-                                         required_state=("optimizers",),
+                                         optimizers=(trainer.model, trainer.optimizers),
                                          config=config_lib.to_dict(cfg),
                                          ignore=RESUMABLE_CHANGES)
     groups = cfg.rollout.groups_per_rank * trainer.world_size
@@ -140,7 +141,6 @@ def _resume(trainer: Trainer, cfg: config_lib.Config) -> checkpoint.Checkpoint:
         raise checkpoint.ConfigMismatchError(
             f"checkpoint {ckpt.path} rolls out {saved} groups per iteration, this run "
             f"{groups} ({GROUPS_PER_RANK} x {trainer.world_size} rank(s))")
-    load_optimizer_state(trainer.model, trainer.optimizers, ckpt.state["optimizers"])
     trainer.schedule_steps = _schedule_steps(ckpt, cfg)
     return ckpt
 
@@ -162,11 +162,11 @@ def _open_log(cfg: config_lib.Config, resumed: checkpoint.Checkpoint | None) -> 
 
 def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
           log: MetricsLog | None, stop: StopRequest, console: Console,
-          run_id: str | None, watch: Watchdog | None) -> bool:
-    """Iterations ``start .. train.steps`` with their checkpoints (of run ``run_id``), each
-    reported to the ``watch``; returns whether a stop signal ended them early. Raises
-    :class:`NumericalFaultError` after ``train.max_bad_updates`` consecutive skipped updates,
-    once the state is checkpointed."""
+          run_id: str | None, watch: Watchdog | None, writer: ShardedWriter | None) -> bool:
+    """Iterations ``start .. train.steps`` with their checkpoints (of run ``run_id``, through
+    the ``writer`` where there is one), each reported to the ``watch``; returns whether a stop
+    signal ended them early. Raises :class:`NumericalFaultError` after
+    ``train.max_bad_updates`` consecutive skipped updates, once the state is checkpointed."""
     out = Path(cfg.train.out)
     telemetry = GpuTelemetry(trainer.device.index or 0)
     peak = matmul_flops(trainer.device,
@@ -191,10 +191,12 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
         stopping = stop.agreed(info.world_size, info.group, trainer.device)
         if (faulted or stopping or (step + 1) % cfg.train.ckpt_every == 0
                 or step + 1 == cfg.train.steps):
-            path = _save(trainer, cfg, step + 1, info.is_main,
-                         {} if log is None else log.state(), run_id, info.world_size)
+            path = _save(trainer, cfg, step + 1, info, {} if log is None else log.state(),
+                         run_id, writer)
             if log is not None and (plot := plot_rewards(log.rows, out / "rewards.png")):
                 log.image("plots/rewards", plot, step + 1)
+        if (faulted or stopping) and writer is not None:
+            writer.wait()  # the checkpoint they point to is committed
         if faulted:
             bar.close()
             raise NumericalFaultError(
@@ -291,8 +293,12 @@ def _run(run: RunArgs, device: torch.device, info: DistInfo, watch: Watchdog | N
     if info.is_main:  # the resolved config beside the run (python -m wc_fast.train --print-config)
         checkpoint.write_atomic(out / "config.yaml", config_yaml(cfg).encode())
     log = _open_log(cfg, resumed) if info.is_main else None
+    writer = (ShardedWriter(out, info.rank, info.group, cfg.train.async_checkpoint)
+              if info.world_size > 1 else None)
     with StopRequest() as stop:
-        preempted = _loop(trainer, cfg, info, start, log, stop, console, run_id, watch)
+        preempted = _loop(trainer, cfg, info, start, log, stop, console, run_id, watch, writer)
+    if writer is not None:
+        writer.wait()
     if preempted:
         if log is not None:
             log.close()
