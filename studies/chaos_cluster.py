@@ -237,7 +237,8 @@ def cluster_study(out: Path, steps: int, nproc: int, kills: int, seed: int,
     # killed before it said which one it resumed
     restarts = k["resumed_from"][1:]
     report["killed"]["resumed_newest"] = len(restarts) == kills and all(
-        got is None or got == e["newest_complete"] for got, e in zip(restarts, k["events"]))
+        got is None or got == e["newest_complete"]
+        for got, e in zip(restarts, k["events"], strict=True))
     report["killed"]["restarts_that_resumed"] = sum(got is not None for got in restarts)
     report["ok"] = (k["returncode"] == 0 and s["returncode"] == 0
                     and k["differing_tensors"] == 0 and s["differing_tensors"] == 0

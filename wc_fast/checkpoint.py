@@ -242,7 +242,8 @@ def save(directory: str | os.PathLike, step: int, *,
     :func:`new_run_id` for a fresh run, :attr:`Checkpoint.run_id` for a resumed one; ``None``
     is the lineage of every checkpoint saved without one, as older checkpoints were).
     ``world_size``: the ranks of the run (recorded, so that a run resumed at another world
-    size can keep its global batch). Checkpoints of other runs, and any whose ``meta.json`` cannot be read, are left alone.
+    size can keep its global batch). Checkpoints of other runs, and any whose ``meta.json``
+    cannot be read, are left alone.
 
     ``models`` maps a name to a module or to its already gathered weights (what
     :func:`wc_fast.distributed.full_state_dict` returns for a sharded model). ``base``: the

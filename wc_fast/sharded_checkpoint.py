@@ -139,7 +139,7 @@ def load_sharded(path: Path, models: dict[str, nn.Module],
         else _rng_key(0)
     if restore_rng:
         app[rng] = checkpoint.rng_state()
-    dcp.load(app, checkpoint_id=path)
+    dcp.load(app, checkpoint_id=path, no_dist=not dist.is_initialized())
     for name, model in models.items():
         partial = len(app[name]) < len(get_model_state_dict(model))
         set_model_state_dict(model, app[name], options=StateDictOptions(strict=not partial))

@@ -12,15 +12,16 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from rich.console import Console
 from tqdm import tqdm
-
-import torch.distributed as dist
 
 from wc_fast import checkpoint, elastic
 from wc_fast import config as config_lib
@@ -160,13 +161,25 @@ def _open_log(cfg: config_lib.Config, resumed: checkpoint.Checkpoint | None) -> 
     return MetricsLog(out / "metrics.jsonl", resume_step=step, trackers=trackers)
 
 
+@dataclass(slots=True)
+class LoopCount:
+    """Iterations the loop ran, checkpoints it wrote and the seconds they held it up (for an
+    asynchronous write: staging the state, and waiting for the previous write)."""
+
+    iterations: int = 0
+    saves: int = 0
+    save_seconds: float = 0.0
+
+
 def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
           log: MetricsLog | None, stop: StopRequest, console: Console,
-          run_id: str | None, watch: Watchdog | None, writer: ShardedWriter | None) -> bool:
+          run_id: str | None, watch: Watchdog | None, writer: ShardedWriter | None,
+          count: LoopCount) -> bool:
     """Iterations ``start .. train.steps`` with their checkpoints (of run ``run_id``, through
-    the ``writer`` where there is one), each reported to the ``watch``; returns whether a stop
-    signal ended them early. Raises :class:`NumericalFaultError` after
-    ``train.max_bad_updates`` consecutive skipped updates, once the state is checkpointed."""
+    the ``writer`` where there is one; both counted in ``count``), each reported to the
+    ``watch``; returns whether a stop signal ended them early. Raises
+    :class:`NumericalFaultError` after ``train.max_bad_updates`` consecutive skipped updates,
+    once the state is checkpointed."""
     out = Path(cfg.train.out)
     telemetry = GpuTelemetry(trainer.device.index or 0)
     peak = matmul_flops(trainer.device,
@@ -177,6 +190,7 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
         if watch is not None:
             watch.step = step + 1
         row = _row(trainer.iteration(step), peak, telemetry)
+        count.iterations += 1
         bar.set_postfix(clip=row["clip"], IF=f"{row['if_mean']:.3f}",
                         VQ=f"{row['vq_mean']:.3f}", r_std=f"{row['r_std']:.2f}",
                         roll=f"{row['rollout_s']:.1f}s", rew=f"{row['reward_s']:.1f}s",
@@ -191,8 +205,11 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
         stopping = stop.agreed(info.world_size, info.group, trainer.device)
         if (faulted or stopping or (step + 1) % cfg.train.ckpt_every == 0
                 or step + 1 == cfg.train.steps):
+            t0 = time.perf_counter()
             path = _save(trainer, cfg, step + 1, info, {} if log is None else log.state(),
                          run_id, writer)
+            count.saves += 1
+            count.save_seconds += time.perf_counter() - t0
             if log is not None and (plot := plot_rewards(log.rows, out / "rewards.png")):
                 log.image("plots/rewards", plot, step + 1)
         if (faulted or stopping) and writer is not None:
@@ -295,10 +312,16 @@ def _run(run: RunArgs, device: torch.device, info: DistInfo, watch: Watchdog | N
     log = _open_log(cfg, resumed) if info.is_main else None
     writer = (ShardedWriter(out, info.rank, info.group, cfg.train.async_checkpoint)
               if info.world_size > 1 else None)
+    count, t0 = LoopCount(), time.perf_counter()
     with StopRequest() as stop:
-        preempted = _loop(trainer, cfg, info, start, log, stop, console, run_id, watch, writer)
+        preempted = _loop(trainer, cfg, info, start, log, stop, console, run_id, watch, writer,
+                          count)
+    t1 = time.perf_counter()
     if writer is not None:
         writer.wait()
+    count.save_seconds += time.perf_counter() - t1
+    console.print(f"loop: {count.iterations} iterations in {time.perf_counter() - t0:.2f} s, "
+                  f"{count.save_seconds:.2f} s of it held up by {count.saves} checkpoint(s)")
     if preempted:
         if log is not None:
             log.close()
