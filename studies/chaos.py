@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from wc_fast import checkpoint
 
@@ -61,7 +60,7 @@ def environment() -> dict[str, str]:
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
-    return load_file(checkpoint.latest(out) / "model.safetensors")
+    return checkpoint.read_weights(checkpoint.latest(out), "model")
 
 
 def logged_steps(out: Path) -> list[int]:

@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from wc_fast import checkpoint
 
@@ -204,8 +203,8 @@ def stalled(out: Path, steps: int, nproc: int, env: dict[str, str]) -> dict:
 
 
 def compare(reference: Path, run: Path, steps: int) -> dict:
-    want = load_file(checkpoint.latest(reference) / "model.safetensors")
-    got = load_file(checkpoint.latest(run) / "model.safetensors")
+    want = checkpoint.read_weights(checkpoint.latest(reference), "model")
+    got = checkpoint.read_weights(checkpoint.latest(run), "model")
     differing = [k for k in want if k not in got or not torch.equal(want[k], got[k])]
     rows = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     return {"differing_tensors": len(differing), "tensors": len(want),

@@ -21,7 +21,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from studies.chaos import environment
 from wc_fast import checkpoint
@@ -44,7 +43,7 @@ def job(out: Path, world: int, steps: int, groups: int, resume: bool) -> None:
 
 
 def weights(out: Path) -> dict[str, torch.Tensor]:
-    return load_file(checkpoint.latest(out) / "model.safetensors")
+    return checkpoint.read_weights(checkpoint.latest(out), "model")
 
 
 def difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict:

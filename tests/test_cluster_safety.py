@@ -9,7 +9,6 @@ import time
 import pytest
 import torch
 from rank_processes import RankProcesses
-from safetensors.torch import load_file
 from torch import nn
 
 from wc_fast import checkpoint, config, elastic
@@ -175,7 +174,7 @@ def test_a_first_start_or_another_jobs_restart_into_a_used_directory_is_refused(
 
 
 def _final_weights(out) -> dict:
-    return load_file(checkpoint.latest(out) / "model.safetensors")
+    return checkpoint.read_weights(checkpoint.latest(out), "model")
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from torch import nn
 
 from wc_fast import checkpoint, config
 from wc_fast.models import TinyWorldDiT
+from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.tools.export import export
 from wc_fast.tools.export import main as export_main
 from wc_fast.train import main
@@ -57,6 +58,9 @@ def test_a_background_written_sharded_run_resumes_exactly_and_falls_back_past_da
     for a, b in zip(want, got, strict=True):
         wa, wb = load_file(a), load_file(b)
         assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    evaluated = load_checkpoint_model(last, torch.device("cpu")).state_dict()  # wc_fast.eval
+    exported = load_file(want[0])
+    assert all(torch.equal(evaluated[k], exported[k]) for k in exported)
 
     _flip_bit(last / "__1_0.distcp")
     cfg = config.preset("smoke")

@@ -492,6 +492,26 @@ def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
 
 
 
+def read_weights(path: str | os.PathLike, name: str) -> dict[str, torch.Tensor]:
+    """The weights of model ``name`` in checkpoint ``path``, whole, on the CPU, from either
+    format (unverified: :func:`verify` first where it matters)."""
+    path = Path(path)
+    if read_meta(path).get("format", SINGLE) == SHARDED:
+        from wc_fast.sharded_checkpoint import export_weights
+        return export_weights(path, [name])[name]
+    return load_file(path / f"{name}.safetensors")
+
+
+def weights_bytes(path: str | os.PathLike, meta: dict) -> int:
+    """Bytes of the files of checkpoint ``path`` (``meta``: its ``meta.json``) that hold its
+    first model's weights (for a sharded checkpoint: every shard, which holds them and more)."""
+    if meta.get("format", SINGLE) == SHARDED:
+        names = [name for name in meta.get("files", {}) if name.endswith(".distcp")]
+    else:
+        names = [f"{meta['models'][0]}.safetensors"]
+    return sum((Path(path) / name).stat().st_size for name in names)
+
+
 def check_resumable(directory: str | os.PathLike, config: dict,
                     ignore: tuple[str, ...] = ()) -> dict | None:
     """Before any setup: :class:`CheckpointError` when ``directory`` holds no checkpoint,

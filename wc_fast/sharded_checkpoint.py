@@ -20,6 +20,7 @@ leaves only a temporary directory, which is never taken for a checkpoint.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,7 +140,11 @@ def load_sharded(path: Path, models: dict[str, nn.Module],
         else _rng_key(0)
     if restore_rng:
         app[rng] = checkpoint.rng_state()
-    dcp.load(app, checkpoint_id=path, no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():
+        # one process reading a checkpoint of several is intended here (a resume at one
+        # rank, wc_fast.eval): DCP warns about it all the same
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(app, checkpoint_id=path, no_dist=not dist.is_initialized())
     for name, model in models.items():
         partial = len(app[name]) < len(get_model_state_dict(model))
         set_model_state_dict(model, app[name], options=StateDictOptions(strict=not partial))

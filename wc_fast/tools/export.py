@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from wc_fast import checkpoint
 from wc_fast.cli import add_debug, run_main
@@ -27,12 +27,7 @@ def export(path: str | Path, out: str | Path) -> list[Path]:
     files written."""
     path = Path(path)
     meta = checkpoint.verify(path)
-    names = meta["models"]
-    if meta.get("format", checkpoint.SINGLE) == checkpoint.SHARDED:
-        from wc_fast.sharded_checkpoint import export_weights
-        weights = export_weights(path, names)
-    else:
-        weights = {name: load_file(path / f"{name}.safetensors") for name in names}
+    weights = {name: checkpoint.read_weights(path, name) for name in meta["models"]}
     out = check_writable_dir(out, "--out")
     written = []
     for name, tensors in weights.items():
