@@ -161,6 +161,26 @@ def test_two_gloo_ranks_train_the_adapters_as_one_process(wan_dir, tmp_path):
     _assert_same(_final_weights(one, "old"), _final_weights(two, "old"), atol=5e-5)
 
 
+@pytest.mark.slow
+@needs_peft
+def test_two_gloo_ranks_checkpoint_the_adapters_sharded_and_resume_exactly(wan_dir, tmp_path):
+    """A multi-rank LoRA run's sharded checkpoints hold the trained weights only, name the
+    frozen base, and resume bit for bit."""
+    args = wan_args(wan_dir, tmp_path / "run", "--steps", "2", "--train.keep_last", "2",
+                    "--rollout.capture", "eager", "--model.lora_rank", "4")
+    spawn_ranks(_rank, (args,), tmp_path)
+    latest = checkpoint.latest(tmp_path / "run")
+    meta = checkpoint.read_meta(latest)
+    assert meta["format"] == "dcp" and meta["base"]["path"] == wan_dir
+    uninterrupted, old = _final_weights(tmp_path / "run"), _final_weights(tmp_path / "run", "old")
+    model = load_wan_world_model(wan_config(wan_dir, **LORA).model)
+    assert uninterrupted.keys() == old.keys() == trained_names(model)
+    shutil.rmtree(latest)
+    spawn_ranks(_rank, ([*args, "--resume"],), tmp_path)
+    _assert_same(uninterrupted, _final_weights(tmp_path / "run"))
+    _assert_same(old, _final_weights(tmp_path / "run", "old"))
+
+
 @needs_peft
 def test_resume_refuses_other_base_weights(wan_dir, tmp_path, quick_runs):
     base = tmp_path / "wan"
