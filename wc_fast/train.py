@@ -89,7 +89,7 @@ def _save(trainer: Trainer, cfg: config_lib.Config, step: int, info: DistInfo,
           tracking: dict, run_id: str | None, writer: ShardedWriter | None) -> Path:
     """Checkpoint ``step`` of run ``run_id`` (its lineage), with the trackers' resume state
     ``tracking``: sharded by every rank through the ``writer`` in a multi-rank run, else one
-    file per model written by rank 0. Returns its path (on every rank)."""
+    file per model. Returns its path (on every rank)."""
     state = {"schedule_steps": trainer.schedule_steps, **tracking}
     common = {"config": config_lib.to_dict(cfg), "keep_last": cfg.train.keep_last,
               "base": trainer.frozen_base, "run_id": run_id, "world_size": info.world_size}
@@ -98,14 +98,9 @@ def _save(trainer: Trainer, cfg: config_lib.Config, step: int, info: DistInfo,
                            optimizers=(trainer.model, trainer.optimizers),
                            keys=trainer.trained if trainer.partial else None, state=state,
                            **common)
-    path = Path(cfg.train.out) / f"{checkpoint.PREFIX}{step:08d}"
-    if not (info.is_main or trainer.sharded):
-        return path
-    models = trainer.checkpoint_weights()
     state["optimizers"] = optimizer_state(trainer.model, trainer.optimizers)
-    if info.is_main:
-        checkpoint.save(cfg.train.out, step, models=models, state=state, **common)
-    return path
+    return checkpoint.save(cfg.train.out, step, models=trainer.checkpoint_weights(),
+                           state=state, **common)
 
 
 def _schedule_steps(ckpt: checkpoint.Checkpoint, cfg: config_lib.Config) -> int:
