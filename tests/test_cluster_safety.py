@@ -88,6 +88,25 @@ def test_a_peer_that_never_beat_is_named_without_a_step(tmp_path, clock):
     assert "it never reported a step" in watch.stalled()[0].describe(10)
 
 
+def test_a_failed_collective_names_a_peer_silent_for_three_beats(tmp_path, clock, monkeypatch):
+    """A collective that timed out on a stopped peer can raise before the watch's timeout:
+    leaving the watch with that error names any peer silent for 3 beats; a clean exit or an
+    error while every peer beats names none."""
+    named = []
+    monkeypatch.setattr("wc_fast.watchdog.exit_stalled", lambda found, timeout: named.append(
+        [s.rank for s in found]))
+    watch, peer = _watch(tmp_path, 0, world=2), _watch(tmp_path, 1, world=2)
+    peer.beat()
+    watch.stalled()
+    clock.now += 2.5 * watch.interval
+    watch.__exit__(RuntimeError, RuntimeError("gloo timed out"), None)
+    clock.now += 1.0 * watch.interval  # 3.5 beats
+    watch.__exit__(None, None, None)
+    assert named == []
+    watch.__exit__(RuntimeError, RuntimeError("gloo timed out"), None)
+    assert named == [[1]]
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
 def test_collective_timeout_must_be_positive_and_finite(value):
     cfg = config.preset("smoke")
