@@ -155,8 +155,16 @@ class Watchdog:
         return found
 
     def _run(self) -> None:
+        failed = False
         while not self._stop.wait(self.interval):
-            self.beat()
+            try:
+                self.beat()
+            except OSError as exc:  # a passing file-system fault must not end the watch
+                if not failed:
+                    print(f"watchdog: rank {self.rank} could not write its heartbeat ({exc}); "
+                          f"its peers name it as stalled if this lasts "
+                          f"{self.timeout:g} s", file=sys.stderr, flush=True)
+                failed = True
             stalled = self.stalled()
             if stalled:
                 exit_stalled(stalled, self.timeout)
