@@ -1,6 +1,7 @@
 """Sharded checkpoints of multi-rank runs (torch.distributed.checkpoint), written in the
 background or not; format versions; exporting weights from either format."""
 
+import errno
 import json
 import shutil
 
@@ -13,6 +14,7 @@ from torch import nn
 from wc_fast import checkpoint, config
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import load_checkpoint_model
+from wc_fast.sharded_checkpoint import ShardedWriter
 from wc_fast.tools.export import export
 from wc_fast.tools.export import main as export_main
 from wc_fast.train import main
@@ -116,3 +118,24 @@ def test_a_version_1_checkpoint_still_loads_and_a_newer_version_is_refused(tmp_p
     with pytest.raises(checkpoint.CheckpointError, match="format version 3, newer than this "
                                                          "wc_fast reads"):
         checkpoint.load(path, models={"model": fresh})
+
+
+def test_a_failed_commit_removes_the_written_shards_and_says_so(tmp_path, monkeypatch):
+    """Disk full while rank 0 commits: a CheckpointError naming the checkpoint, no temporary
+    left, the earlier checkpoint untouched."""
+    _single(tmp_path)
+    tmp = tmp_path / ".step_00000002.dcp"
+    tmp.mkdir()
+    (tmp / "__0_0.distcp").write_bytes(b"shard")
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "commit", full)
+    writer = ShardedWriter(tmp_path, rank=0, group=None, asynchronous=False)
+    commit = {"state": {}, "models": ["model"], "config": {}, "keep_last": 2, "base": None,
+              "run_id": None, "world_size": 2}
+    with pytest.raises(checkpoint.CheckpointError, match=r"could not commit checkpoint "
+                                                         r"\.step_00000002\.dcp .*No space left"):
+        writer._commit(tmp, 2, commit)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001"]

@@ -20,6 +20,7 @@ leaves only a temporary directory, which is never taken for a checkpoint.
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -117,9 +118,16 @@ class ShardedWriter:
         if self.rank != 0:
             return
         state = {**commit.pop("state"), "rng": checkpoint.rng_state()}
-        checkpoint.write_atomic(tmp / "state.pt", checkpoint.torch_bytes(state))
-        checkpoint.commit(self.root, tmp, step, files=checkpoint.hash_files(tmp),
-                          checkpoint_format=checkpoint.SHARDED, **commit)
+        try:
+            checkpoint.write_atomic(tmp / "state.pt", checkpoint.torch_bytes(state))
+            checkpoint.commit(self.root, tmp, step, files=checkpoint.hash_files(tmp),
+                              checkpoint_format=checkpoint.SHARDED, **commit)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise checkpoint.CheckpointError(
+                f"could not commit checkpoint {tmp.name} in {self.root}: {exc}; its temporary "
+                "directory was removed and the checkpoints of other steps are untouched"
+            ) from exc
 
 
 def load_sharded(path: Path, models: dict[str, nn.Module],
