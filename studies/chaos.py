@@ -1,6 +1,11 @@
 """Kill a training run at random moments and resume it; its final weights must not change.
 
     python -m studies.chaos [--kills 10] [--steps 30] [--seed 0] [--out DIR]
+    python -m studies.chaos --nproc 2 [--kills 5] [--json PATH]
+
+With ``--nproc N`` > 1 the jobs run under ``torchrun`` at N ranks instead
+(:mod:`studies.chaos_cluster`: kills of one rank, one of them inside a checkpoint write,
+torchrun restarting the job by itself, and a stalled rank).
 
 Runs ``python -m wc_fast.train`` on the smoke preset (a checkpoint every iteration, so kills
 land inside checkpoint writes as well as inside iterations) once without interruption, then
@@ -28,7 +33,6 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from wc_fast import checkpoint
 
@@ -56,7 +60,7 @@ def environment() -> dict[str, str]:
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
-    return load_file(checkpoint.latest(out) / "model.safetensors")
+    return checkpoint.read_weights(checkpoint.latest(out), "model")
 
 
 def logged_steps(out: Path) -> list[int]:
@@ -158,8 +162,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="ranks per job; above 1, jobs run under torchrun")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="with --nproc > 1: write the report there")
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="wc_fast_chaos_"))
+    if args.nproc > 1:
+        from studies.chaos_cluster import cluster_study
+        report = cluster_study(out, args.steps, args.nproc, args.kills, args.seed,
+                               environment())
+        text = json.dumps(report, indent=2)
+        print(text)
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(text + "\n")
+        return 0 if report["ok"] else 1
     reference, chaotic = out / "uninterrupted", out / "killed"
     first, per_step = timed_reference(reference, args.steps)
     print(f"uninterrupted run: first checkpoint after {first:.1f} s, then {per_step:.2f} s "

@@ -108,7 +108,8 @@ SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic
 FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio": 1.0,
                     "reward.if_reader": "estimator", "model.history_window": 0,
                     "nft.kl_beta": 0.0, "reward.reader_checkpoint": "",
-                    "reward.critic_checkpoint": ""}
+                    "reward.critic_checkpoint": "", "train.collective_timeout_s": 1800.0,
+                    "train.async_checkpoint": False}
 # model-card fields added after the study began, with the value every cached score was made at:
 # a base model's card that sets one otherwise gives its scores a new evaluation id
 CARD_FIELDS_ADDED_OFF = {"history_window": 0}

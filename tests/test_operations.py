@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 from gloo_ranks import spawn_ranks
-from safetensors.torch import load_file
 
 from wc_fast import checkpoint
 from wc_fast.config import preset
@@ -29,7 +28,7 @@ def _rows(out) -> list[dict]:
 
 
 def _weights(path) -> dict:
-    return load_file(path / "model.safetensors")
+    return checkpoint.read_weights(path, "model")
 
 
 def _assert_initial(weights: dict) -> None:

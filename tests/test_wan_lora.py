@@ -15,7 +15,6 @@ import sys
 import pytest
 import torch
 from gloo_ranks import spawn_ranks
-from safetensors.torch import load_file
 from test_train import _assert_same, _final_weights, _rank
 from test_wan_training import tiny_transformer, tiny_vae, wan_args, wan_config
 from test_wan_world_model import CLIP, latents, tiny_model, with_action_weights
@@ -135,7 +134,7 @@ def test_lora_checkpoints_hold_the_trained_weights_and_resume_exactly(wan_dir, t
     assert train.main(args) == 0
     latest = checkpoint.latest(tmp_path)
     uninterrupted = _final_weights(tmp_path)
-    old = load_file(latest / "old.safetensors")
+    old = _final_weights(tmp_path, "old")
     model = load_wan_world_model(wan_config(wan_dir, **LORA).model)
     assert uninterrupted.keys() == old.keys() == trained_names(model)
     base = json.loads((latest / "meta.json").read_text())["base"]
@@ -144,7 +143,7 @@ def test_lora_checkpoints_hold_the_trained_weights_and_resume_exactly(wan_dir, t
     shutil.rmtree(latest)
     assert train.main([*args, "--resume"]) == 0
     _assert_same(uninterrupted, _final_weights(tmp_path))
-    _assert_same(old, load_file(checkpoint.latest(tmp_path) / "old.safetensors"))
+    _assert_same(old, _final_weights(tmp_path, "old"))
 
 
 @pytest.mark.slow
@@ -159,8 +158,27 @@ def test_two_gloo_ranks_train_the_adapters_as_one_process(wan_dir, tmp_path):
     spawn_ranks(_rank, (wan_args(wan_dir, two, *common, "--rollout.groups_per_rank", "1",
                                  "--train.distributed", "ddp"),), tmp_path)
     _assert_same(_final_weights(one), _final_weights(two), atol=5e-5)
-    _assert_same(load_file(checkpoint.latest(one) / "old.safetensors"),
-                 load_file(checkpoint.latest(two) / "old.safetensors"), atol=5e-5)
+    _assert_same(_final_weights(one, "old"), _final_weights(two, "old"), atol=5e-5)
+
+
+@pytest.mark.slow
+@needs_peft
+def test_two_gloo_ranks_checkpoint_the_adapters_sharded_and_resume_exactly(wan_dir, tmp_path):
+    """A multi-rank LoRA run's sharded checkpoints hold the trained weights only, name the
+    frozen base, and resume bit for bit."""
+    args = wan_args(wan_dir, tmp_path / "run", "--steps", "2", "--train.keep_last", "2",
+                    "--rollout.capture", "eager", "--model.lora_rank", "4")
+    spawn_ranks(_rank, (args,), tmp_path)
+    latest = checkpoint.latest(tmp_path / "run")
+    meta = checkpoint.read_meta(latest)
+    assert meta["format"] == "dcp" and meta["base"]["path"] == wan_dir
+    uninterrupted, old = _final_weights(tmp_path / "run"), _final_weights(tmp_path / "run", "old")
+    model = load_wan_world_model(wan_config(wan_dir, **LORA).model)
+    assert uninterrupted.keys() == old.keys() == trained_names(model)
+    shutil.rmtree(latest)
+    spawn_ranks(_rank, ([*args, "--resume"],), tmp_path)
+    _assert_same(uninterrupted, _final_weights(tmp_path / "run"))
+    _assert_same(old, _final_weights(tmp_path / "run", "old"))
 
 
 @needs_peft

@@ -46,9 +46,13 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
-from wc_fast.distributed import full_state_dict, load_full_state_dict
+from wc_fast.distributed import full_state_dict, load_full_state_dict, load_optimizer_state
 
 PREFIX = "step_"
+# meta.json's format_version: 2 records the format (SINGLE or SHARDED) and the world size;
+# checkpoints without one are version 1 (the single-file format)
+FORMAT_VERSION = 2
+SINGLE, SHARDED = "single", "dcp"
 _NAME = re.compile(rf"{PREFIX}\d{{8}}")
 _TEMPORARY = re.compile(rf"\.{PREFIX}\d{{8}}\..+")
 _CHUNK = 1 << 20
@@ -99,6 +103,11 @@ class Checkpoint:
     config: dict
     state: dict
     run_id: str | None = None
+    world_size: int | None = None  # ranks of the run that wrote it (None: not recorded)
+
+
+# what a checkpoint's optimizer state is loaded into: the model and its optimizers
+Optimizers = tuple[nn.Module, list[torch.optim.Optimizer]]
 
 
 def rng_state() -> dict:
@@ -148,7 +157,7 @@ def _write_synced(path: Path, data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _torch_bytes(obj: object) -> bytes:
+def torch_bytes(obj: object) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
@@ -175,33 +184,66 @@ def _meta_digest(meta: dict) -> str:
     return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
 
 
-def _write_files(directory: Path, step: int, models: dict, config: dict, state: dict,
-                 base: FrozenBase | None, run: dict) -> None:
-    """Every file of checkpoint ``step`` into ``directory``, ``meta.json`` (with the others'
-    hashes, the frozen ``base``, if any, the ``run`` lineage and its own digest) last."""
+def _write_payload(directory: Path, models: dict, state: dict) -> dict[str, str]:
+    """The weights of ``models`` and ``state`` (with the RNG states) into ``directory``;
+    returns each file's sha256."""
     files = {f"{name}.safetensors": _write_synced(directory / f"{name}.safetensors",
                                                   safetensors_bytes(_weights(model)))
              for name, model in models.items()}
     files["state.pt"] = _write_synced(directory / "state.pt",
-                                      _torch_bytes({**state, "rng": rng_state()}))
+                                      torch_bytes({**state, "rng": rng_state()}))
+    return files
+
+
+def hash_files(directory: Path) -> dict[str, str]:
+    """sha256 of every file under ``directory`` (paths relative to it), but ``meta.json``."""
+    return {str(p.relative_to(directory)): _sha256(p) for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != "meta.json"}
+
+
+def commit(root: Path, tmp: Path, step: int, *, files: dict[str, str], models: list[str],
+           config: dict, keep_last: int, run_id: str | None, world_size: int,
+           checkpoint_format: str = SINGLE, base: FrozenBase | None = None) -> Path:
+    """Make the written checkpoint directory ``tmp`` (under ``root``, its ``files`` with their
+    sha256) checkpoint ``step``: ``meta.json`` (the hashes, ``config``, the run's lineage and
+    write sequence, its own digest) is written last and synced, then ``tmp`` is renamed into
+    place and ``root`` synced: after a crash the checkpoint is complete or absent. Then only the
+    ``keep_last`` most recently written checkpoints of run ``run_id`` are kept."""
+    final = root / f"{PREFIX}{step:08d}"
+    order = {p: _write_order(p) for p in list_checkpoints(root)}
+    run = {"id": run_id, "seq": 1 + max((seq for seq, rid in order.values()
+                                         if rid is not _UNREADABLE), default=0)}
     meta = {"step": step, "config": config, "models": sorted(models), "files": files,
-            "run": run}
+            "run": run, "world_size": world_size, "format": checkpoint_format,
+            "format_version": FORMAT_VERSION}
     if base is not None:
         meta["base"] = asdict(base)
     meta["sha256"] = _meta_digest(meta)
-    _write_synced(directory / "meta.json", json.dumps(meta, indent=2).encode())
-    _fsync_dir(directory)
+    _write_synced(tmp / "meta.json", json.dumps(meta, indent=2).encode())
+    _fsync_dir(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    order[final] = (run["seq"], run_id)
+    lineage = sorted((p for p, (_, rid) in order.items() if rid == run_id),
+                     key=lambda p: order[p][0])
+    for old in lineage[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
 
 
 def save(directory: str | os.PathLike, step: int, *,
          models: dict[str, nn.Module | Mapping[str, torch.Tensor]],
          config: dict, state: dict, keep_last: int = 2, base: FrozenBase | None = None,
-         run_id: str | None = None) -> Path:
+         run_id: str | None = None, world_size: int = 1) -> Path:
     """Write checkpoint ``step`` atomically and durably under ``directory``; keep only the
     ``keep_last`` most recently written checkpoints of run ``run_id`` (its lineage:
     :func:`new_run_id` for a fresh run, :attr:`Checkpoint.run_id` for a resumed one; ``None``
     is the lineage of every checkpoint saved without one, as older checkpoints were).
-    Checkpoints of other runs, and any whose ``meta.json`` cannot be read, are left alone.
+    ``world_size``: the ranks of the run (recorded, so that a run resumed at another world
+    size can keep its global batch). Checkpoints of other runs, and any whose ``meta.json``
+    cannot be read, are left alone.
 
     ``models`` maps a name to a module or to its already gathered weights (what
     :func:`wc_fast.distributed.full_state_dict` returns for a sharded model). ``base``: the
@@ -213,18 +255,13 @@ def save(directory: str | os.PathLike, step: int, *,
     """
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    _remove_temporaries(root)
+    remove_temporaries(root)
     final = root / f"{PREFIX}{step:08d}"
-    order = {p: _write_order(p) for p in list_checkpoints(root)}
-    run = {"id": run_id, "seq": 1 + max((seq for seq, rid in order.values()
-                                         if rid is not _UNREADABLE), default=0)}
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        _write_files(tmp, step, models, config, state, base, run)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
+        files = _write_payload(tmp, models, state)
+        return commit(root, tmp, step, files=files, models=list(models), config=config,
+                      keep_last=keep_last, run_id=run_id, world_size=world_size, base=base)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"could not write checkpoint {final.name} in {root}: {exc}; its "
@@ -233,12 +270,6 @@ def save(directory: str | os.PathLike, step: int, *,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    order[final] = (run["seq"], run_id)
-    lineage = sorted((p for p, (_, rid) in order.items() if rid == run_id),
-                     key=lambda p: order[p][0])
-    for old in lineage[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 # the run id of a checkpoint whose meta.json cannot be read: equal to no run's id
@@ -263,7 +294,7 @@ def by_write_order(paths: list[Path]) -> list[Path]:
     return sorted(paths, key=lambda p: (_write_order(p)[0], p.name))
 
 
-def _remove_temporaries(root: Path) -> None:
+def remove_temporaries(root: Path) -> None:
     """Delete temporary directories a killed writer left behind (one writer per directory)."""
     for path in root.iterdir():
         if path.is_dir() and _TEMPORARY.fullmatch(path.name):
@@ -300,10 +331,12 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-# the fields of meta.json and their JSON types (files, run, base and sha256 are optional:
+# the fields of meta.json and their JSON types (files, run, base, sha256, world_size, format
+# and format_version are optional:
 # checkpoints of older versions lack them)
 _META_FIELDS = {"step": int, "config": dict, "models": list, "files": dict, "run": dict,
-                "base": dict, "sha256": str}
+                "base": dict, "sha256": str, "world_size": int, "format": str,
+                "format_version": int}
 _REQUIRED_META = ("step", "config", "models")
 
 
@@ -331,6 +364,13 @@ def read_meta(path: str | os.PathLike) -> dict:
     if "sha256" in meta and meta["sha256"] != _meta_digest(meta):
         raise CheckpointError(f"checkpoint {path} is corrupt: {file} fails its sha256 check "
                               "(altered)")
+    if meta.get("format_version", 1) > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has format version "
+                              f"{meta['format_version']}, newer than this wc_fast reads "
+                              f"({FORMAT_VERSION}): load it with the version that wrote it")
+    if meta.get("format", SINGLE) not in (SINGLE, SHARDED):
+        raise CheckpointError(f"checkpoint {path} is corrupt: unknown format "
+                              f"{meta['format']!r} in {file}")
     return meta
 
 
@@ -402,7 +442,7 @@ def _check_base(path: Path, saved: dict, base: FrozenBase | None) -> None:
 def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
          restore_rng: bool = True, base: FrozenBase | None = None,
          required_state: tuple[str, ...] = (), config: dict | None = None,
-         ignore: tuple[str, ...] = ()) -> Checkpoint:
+         ignore: tuple[str, ...] = (), optimizers: Optimizers | None = None) -> Checkpoint:
     """Verify checkpoint ``path``, load weights into ``models`` in place and return the rest.
 
     Nothing is loaded into ``models`` unless every file passed its hash check, ``state.pt``
@@ -411,6 +451,10 @@ def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
     for the fields ``ignore`` names (else :class:`ConfigMismatchError`). A checkpoint of
     trained weights over a frozen base loads only with the same ``base`` (the models' frozen
     weights, already in place): another raises ``ValueError``, as does none.
+
+    ``optimizers``: (the model, its optimizers), whose state is loaded too (from ``state.pt``
+    of a single-file checkpoint, which must then hold ``optimizers``). Either format loads at
+    any world size; loading a sharded one is a collective when a process group is up.
     """
     path = Path(path)
     meta = verify(path)
@@ -423,27 +467,57 @@ def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
     if missing:
         raise CheckpointError(f"checkpoint {path} holds no weights for {missing} (it has "
                               f"{meta['models']})")
-    state = _load_state(path / "state.pt", (*required_state, *(("rng",) if restore_rng
-                                                                else ())))
+    sharded = meta.get("format", SINGLE) == SHARDED
+    needs_optimizers = ("optimizers",) if optimizers is not None and not sharded else ()
+    state = _load_state(path / "state.pt", (*required_state, *needs_optimizers,
+                                            *(("rng",) if restore_rng else ())))
     try:
-        for name, model in models.items():
-            load_full_state_dict(model, load_file(path / f"{name}.safetensors"),
-                                 partial=saved is not None)
-        if restore_rng:
-            set_rng_state(state["rng"])
+        if sharded:
+            from wc_fast.sharded_checkpoint import load_sharded
+            load_sharded(path, models, optimizers, restore_rng)
+        else:
+            for name, model in models.items():
+                load_full_state_dict(model, load_file(path / f"{name}.safetensors"),
+                                     partial=saved is not None)
+            if optimizers is not None:
+                load_optimizer_state(*optimizers, state["optimizers"])
+            if restore_rng:
+                set_rng_state(state["rng"])
     except Exception as exc:
         raise CheckpointError(f"checkpoint {path} is corrupt or incompatible: {exc}") from exc
     run = meta.get("run", {})
     return Checkpoint(path=path, step=meta["step"], config=meta["config"], state=state,
-                      run_id=run.get("id") if isinstance(run.get("id"), str) else None)
+                      run_id=run.get("id") if isinstance(run.get("id"), str) else None,
+                      world_size=meta.get("world_size"))
+
+
+
+def read_weights(path: str | os.PathLike, name: str) -> dict[str, torch.Tensor]:
+    """The weights of model ``name`` in checkpoint ``path``, whole, on the CPU, from either
+    format (unverified: :func:`verify` first where it matters)."""
+    path = Path(path)
+    if read_meta(path).get("format", SINGLE) == SHARDED:
+        from wc_fast.sharded_checkpoint import export_weights
+        return export_weights(path, [name])[name]
+    return load_file(path / f"{name}.safetensors")
+
+
+def weights_bytes(path: str | os.PathLike, meta: dict) -> int:
+    """Bytes of the files of checkpoint ``path`` (``meta``: its ``meta.json``) that hold its
+    first model's weights (for a sharded checkpoint: every shard, which holds them and more)."""
+    if meta.get("format", SINGLE) == SHARDED:
+        names = [name for name in meta.get("files", {}) if name.endswith(".distcp")]
+    else:
+        names = [f"{meta['models'][0]}.safetensors"]
+    return sum((Path(path) / name).stat().st_size for name in names)
 
 
 def check_resumable(directory: str | os.PathLike, config: dict,
-                    ignore: tuple[str, ...] = ()) -> None:
+                    ignore: tuple[str, ...] = ()) -> dict | None:
     """Before any setup: :class:`CheckpointError` when ``directory`` holds no checkpoint,
     :class:`ConfigMismatchError` when the newest one whose ``meta.json`` reads was written
-    with another ``config`` (but for ``ignore``). Damage is left to
-    :func:`load_latest_intact`."""
+    with another ``config`` (but for ``ignore``); returns that ``meta.json`` (``None`` when
+    none reads). Damage is left to :func:`load_latest_intact`."""
     found = list_checkpoints(directory)
     if not found:
         raise _none_found(directory)
@@ -453,13 +527,15 @@ def check_resumable(directory: str | os.PathLike, config: dict,
         except CheckpointError:
             continue
         check_config(path, meta["config"], config, ignore)
-        return
+        return meta
+    return None
 
 
 def load_latest_intact(directory: str | os.PathLike, *, models: dict[str, nn.Module],
                        restore_rng: bool = True, base: FrozenBase | None = None,
                        required_state: tuple[str, ...] = (), config: dict | None = None,
-                       ignore: tuple[str, ...] = ()) -> Checkpoint:
+                       ignore: tuple[str, ...] = (), optimizers: Optimizers | None = None
+                       ) -> Checkpoint:
     """Load the most recently written checkpoint under ``directory`` that passes
     :func:`load`'s checks, warning about each newer one skipped as damaged (a frozen base that
     differs from ``base`` is no damage: its ``ValueError`` is raised; nor is another config:
@@ -471,7 +547,8 @@ def load_latest_intact(directory: str | os.PathLike, *, models: dict[str, nn.Mod
     for path in reversed(by_write_order(found)):
         try:
             return load(path, models=models, restore_rng=restore_rng, base=base,
-                        required_state=required_state, config=config, ignore=ignore)
+                        required_state=required_state, config=config, ignore=ignore,
+                        optimizers=optimizers)
         except ConfigMismatchError:
             raise
         except CheckpointError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import warnings
 from collections.abc import Collection
@@ -33,8 +34,10 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_from_env(device_kind: str) -> DistInfo:
-    """Join the process group ``torchrun`` describes (``WORLD_SIZE`` > 1), else a single rank."""
+def init_from_env(device_kind: str, timeout_s: float | None = None) -> DistInfo:
+    """Join the process group ``torchrun`` describes (``WORLD_SIZE`` > 1), else a single rank.
+    ``timeout_s``: how long a collective may wait for a peer before it fails (the backend's
+    default when ``None``)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return DistInfo(0, 1, 0, None)
@@ -42,7 +45,19 @@ def init_from_env(device_kind: str) -> DistInfo:
     if device_kind == "cuda":
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device_kind == "cuda" else "gloo")
+        backend = "nccl" if device_kind == "cuda" else "gloo"
+        timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            # torchrun's agent serves one store to every attempt of the job: without a prefix
+            # per attempt, a restarted rank reads the addresses its peers published in the
+            # previous attempt and connects to ports no one listens on ("Connection refused")
+            store, rank, world = next(dist.rendezvous(
+                "env://", **({} if timeout is None else {"timeout": timeout})))
+            dist.init_process_group(backend, store=dist.PrefixStore(f"attempt_{attempt}", store),
+                                    rank=rank, world_size=world, timeout=timeout)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dist.group.WORLD)
 
 

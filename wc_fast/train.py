@@ -12,24 +12,21 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from rich.console import Console
 from tqdm import tqdm
 
-from wc_fast import checkpoint
+from wc_fast import checkpoint, elastic
 from wc_fast import config as config_lib
 from wc_fast.cli import RunArgs, config_yaml, parse_run_args, run_main
-from wc_fast.distributed import (
-    DistInfo,
-    init_from_env,
-    load_optimizer_state,
-    optimizer_state,
-    shutdown,
-)
+from wc_fast.distributed import DistInfo, init_from_env, optimizer_state, shutdown
 from wc_fast.metrics import (
     MetricsLog,
     TensorBoardLog,
@@ -41,23 +38,30 @@ from wc_fast.metrics import (
 from wc_fast.models import WorldModel
 from wc_fast.models.pretrained import frame_codec, initial_model
 from wc_fast.preemption import EXIT_PREEMPTED, StopRequest
+from wc_fast.rank_layout import FIELD as GROUPS_PER_RANK
+from wc_fast.rank_layout import follow_world_size, global_batch
 from wc_fast.run_dir import RunLock, check_writable_dir, claim
 from wc_fast.runtime import resolve_device
+from wc_fast.sharded_checkpoint import ShardedWriter
 from wc_fast.telemetry import GpuTelemetry
 from wc_fast.trainer import NumericalFaultError, Trainer
+from wc_fast.watchdog import Watchdog
 
 # fields that may differ between an interrupted run and its resumption (train.steps: a resumed
 # run may be extended, see _schedule_steps), and the sections a checkpoint written by an
 # earlier version may hold that the RL run never read
 RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last",
-                     "train.reader_gap_every",
+                     "train.reader_gap_every", "train.collective_timeout_s",
+                     "train.async_checkpoint",
                      "train.eval_at_end", "train.device", "train.eval_sequences",
                      "train.eval_clips", "train.steps", "train.max_bad_updates",
                      "train.max_update_ratio",
                      "train.loggers", "train.wandb_project", "train.wandb_entity",
                      "train.wandb_group", "train.wandb_tags", "train.wandb_checkpoints",
                      "rollout.capture", "nft.micro_batch",
-                     "model.activation_checkpointing", *config_lib.RETIRED_SECTIONS)
+                     "model.activation_checkpointing", *config_lib.RETIRED_SECTIONS,
+                     # may follow the world size; the global batch is checked instead
+                     GROUPS_PER_RANK)
 
 
 def trainer_spread(row: dict) -> list[float]:
@@ -83,22 +87,22 @@ def _row(stats, peak: float, telemetry: GpuTelemetry) -> dict:
     return row
 
 
-def _save(trainer: Trainer, cfg: config_lib.Config, step: int, is_main: bool,
-          tracking: dict, run_id: str | None) -> Path:
-    """Rank 0 writes the checkpoint of run ``run_id`` (its lineage), with the trackers' resume
-    state ``tracking``; under FSDP2 every rank first helps gather it. Returns its path (on
-    every rank)."""
-    path = Path(cfg.train.out) / f"{checkpoint.PREFIX}{step:08d}"
-    if not (is_main or trainer.sharded):
-        return path
-    models = trainer.checkpoint_weights()
-    state = {"optimizers": optimizer_state(trainer.model, trainer.optimizers),
-             "schedule_steps": trainer.schedule_steps, **tracking}
-    if is_main:
-        checkpoint.save(cfg.train.out, step, models=models, config=config_lib.to_dict(cfg),
-                        keep_last=cfg.train.keep_last, state=state, base=trainer.frozen_base,
-                        run_id=run_id)
-    return path
+def _save(trainer: Trainer, cfg: config_lib.Config, step: int, info: DistInfo,
+          tracking: dict, run_id: str | None, writer: ShardedWriter | None) -> Path:
+    """Checkpoint ``step`` of run ``run_id`` (its lineage), with the trackers' resume state
+    ``tracking``: sharded by every rank through the ``writer`` in a multi-rank run, else one
+    file per model. Returns its path (on every rank)."""
+    state = {"schedule_steps": trainer.schedule_steps, **tracking}
+    common = {"config": config_lib.to_dict(cfg), "keep_last": cfg.train.keep_last,
+              "base": trainer.frozen_base, "run_id": run_id, "world_size": info.world_size}
+    if writer is not None:
+        return writer.save(step, models={"model": trainer.model, "old": trainer.old},
+                           optimizers=(trainer.model, trainer.optimizers),
+                           keys=trainer.trained if trainer.partial else None, state=state,
+                           **common)
+    state["optimizers"] = optimizer_state(trainer.model, trainer.optimizers)
+    return checkpoint.save(cfg.train.out, step, models=trainer.checkpoint_weights(),
+                           state=state, **common)
 
 
 def _schedule_steps(ckpt: checkpoint.Checkpoint, cfg: config_lib.Config) -> int:
@@ -121,14 +125,20 @@ def _schedule_steps(ckpt: checkpoint.Checkpoint, cfg: config_lib.Config) -> int:
 
 def _resume(trainer: Trainer, cfg: config_lib.Config) -> checkpoint.Checkpoint:
     """Load the newest intact checkpoint of ``train.out`` into ``trainer``; one of another
-    config raises :class:`~wc_fast.checkpoint.ConfigMismatchError` naming the fields."""
+    config (or another global batch) raises :class:`~wc_fast.checkpoint.ConfigMismatchError`
+    naming the fields."""
     ckpt = checkpoint.load_latest_intact(cfg.train.out,
                                          models={"model": trainer.model, "old": trainer.old},
                                          base=trainer.frozen_base,
-                                         required_state=("optimizers",),
+                                         optimizers=(trainer.model, trainer.optimizers),
                                          config=config_lib.to_dict(cfg),
                                          ignore=RESUMABLE_CHANGES)
-    load_optimizer_state(trainer.model, trainer.optimizers, ckpt.state["optimizers"])
+    groups = cfg.rollout.groups_per_rank * trainer.world_size
+    saved = global_batch(ckpt.config, ckpt.world_size or trainer.world_size)
+    if saved != groups:  # a fallback past checkpoints of the layout the run was adapted to
+        raise checkpoint.ConfigMismatchError(
+            f"checkpoint {ckpt.path} rolls out {saved} groups per iteration, this run "
+            f"{groups} ({GROUPS_PER_RANK} x {trainer.world_size} rank(s))")
     trainer.schedule_steps = _schedule_steps(ckpt, cfg)
     return ckpt
 
@@ -152,12 +162,25 @@ def _open_log(cfg: config_lib.Config, resumed: checkpoint.Checkpoint | None) -> 
     return MetricsLog(out / "metrics.jsonl", resume_step=step, trackers=trackers)
 
 
+@dataclass(slots=True)
+class LoopCount:
+    """Iterations the loop ran, checkpoints it wrote and the seconds they held it up (for an
+    asynchronous write: staging the state, and waiting for the previous write)."""
+
+    iterations: int = 0
+    saves: int = 0
+    save_seconds: float = 0.0
+
+
 def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
           log: MetricsLog | None, stop: StopRequest, console: Console,
-          run_id: str | None) -> bool:
-    """Iterations ``start .. train.steps`` with their checkpoints (of run ``run_id``); returns
-    whether a stop signal ended them early. Raises :class:`NumericalFaultError` after
-    ``train.max_bad_updates`` consecutive skipped updates, once the state is checkpointed."""
+          run_id: str | None, watch: Watchdog | None, writer: ShardedWriter | None,
+          count: LoopCount) -> bool:
+    """Iterations ``start .. train.steps`` with their checkpoints (of run ``run_id``, through
+    the ``writer`` where there is one; both counted in ``count``), each reported to the
+    ``watch``; returns whether a stop signal ended them early. Raises
+    :class:`NumericalFaultError` after ``train.max_bad_updates`` consecutive skipped updates,
+    once the state is checkpointed."""
     out = Path(cfg.train.out)
     telemetry = GpuTelemetry(trainer.device.index or 0)
     peak = matmul_flops(trainer.device,
@@ -165,7 +188,10 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
     bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps,
                desc="RL", disable=not info.is_main, dynamic_ncols=True)
     for step in bar:
+        if watch is not None:
+            watch.step = step + 1
         row = _row(trainer.iteration(step), peak, telemetry)
+        count.iterations += 1
         bar.set_postfix(clip=row["clip"], IF=f"{row['if_mean']:.3f}",
                         VQ=f"{row['vq_mean']:.3f}", r_std=f"{row['r_std']:.2f}",
                         roll=f"{row['rollout_s']:.1f}s", rew=f"{row['reward_s']:.1f}s",
@@ -180,13 +206,20 @@ def _loop(trainer: Trainer, cfg: config_lib.Config, info: DistInfo, start: int,
         stopping = stop.agreed(info.world_size, info.group, trainer.device)
         if (faulted or stopping or (step + 1) % cfg.train.ckpt_every == 0
                 or step + 1 == cfg.train.steps):
-            path = _save(trainer, cfg, step + 1, info.is_main,
-                         {} if log is None else log.state(), run_id)
+            t0 = time.perf_counter()
+            path = _save(trainer, cfg, step + 1, info, {} if log is None else log.state(),
+                         run_id, writer)
+            count.saves += 1
+            count.save_seconds += time.perf_counter() - t0
             if log is not None:
+                if writer is not None and cfg.train.wandb_checkpoints:
+                    writer.wait()  # an artifact is made of the committed checkpoint
                 log.checkpoint(path, step + 1)
             if log is not None and (plot := plot_rewards(log.rows, out / "rewards.png",
                                                          trainer.rule.loss_title)):
                 log.image("plots/rewards", plot, step + 1)
+        if (faulted or stopping) and writer is not None:
+            writer.wait()  # the checkpoint they point to is committed
         if faulted:
             bar.close()
             raise NumericalFaultError(
@@ -237,19 +270,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = run.config
     device = resolve_device(cfg.train.device)
     out = check_writable_dir(cfg.train.out, "train.out")
-    info = init_from_env(device.type)
+    info = init_from_env(device.type, timeout_s=cfg.train.collective_timeout_s)
     if device.type == "cuda":
         device = torch.device("cuda", info.local_rank)
+    watch = (Watchdog(out, info.rank, info.world_size, cfg.train.collective_timeout_s)
+             if info.world_size > 1 else None)
     # rank 0 writes the directory, so it alone holds the lock
-    with RunLock(out) if info.is_main else contextlib.nullcontext():
+    with watch or contextlib.nullcontext(), \
+            RunLock(out) if info.is_main else contextlib.nullcontext():
         if info.is_main:
+            run.resume, run.overwrite = elastic.start_mode(out, run.resume, run.overwrite)
             claim(out, resume=run.resume, overwrite=run.overwrite)
+            elastic.record_job(out)
+        if info.world_size > 1:  # rank 0 decided (a restart resumes): every rank follows
+            decided = [run.resume]
+            dist.broadcast_object_list(decided, src=0, group=info.group)
+            run.resume = decided[0]
         if run.resume:  # another config fails now, not after the models are built
-            checkpoint.check_resumable(out, config_lib.to_dict(cfg), RESUMABLE_CHANGES)
-        return _run(run, device, info)
+            meta = checkpoint.check_resumable(out, config_lib.to_dict(cfg), RESUMABLE_CHANGES)
+            if meta is not None:
+                follow_world_size(cfg, meta["config"], meta.get("world_size"),
+                                  info.world_size, str(out))
+        return _run(run, device, info, watch)
 
 
-def _run(run: RunArgs, device: torch.device, info: DistInfo) -> int:
+def _run(run: RunArgs, device: torch.device, info: DistInfo, watch: Watchdog | None) -> int:
     """Set up, resume if asked, train, summarise (under the directory's lock)."""
     cfg = run.config
     console = Console(quiet=not info.is_main)
@@ -264,13 +309,25 @@ def _run(run: RunArgs, device: torch.device, info: DistInfo) -> int:
                       "runs it eagerly)")
     resumed = _resume(trainer, cfg) if run.resume else None
     start = 0 if resumed is None else resumed.step
+    if resumed is not None:
+        console.print(f"resumed from checkpoint {resumed.path.name} (step {resumed.step})")
     run_id = checkpoint.new_run_id() if resumed is None else resumed.run_id
     out = Path(cfg.train.out)
     if info.is_main:  # the resolved config beside the run (python -m wc_fast.train --print-config)
         checkpoint.write_atomic(out / "config.yaml", config_yaml(cfg).encode())
     log = _open_log(cfg, resumed) if info.is_main else None
+    writer = (ShardedWriter(out, info.rank, info.group, cfg.train.async_checkpoint)
+              if info.world_size > 1 else None)
+    count, t0 = LoopCount(), time.perf_counter()
     with StopRequest() as stop:
-        preempted = _loop(trainer, cfg, info, start, log, stop, console, run_id)
+        preempted = _loop(trainer, cfg, info, start, log, stop, console, run_id, watch, writer,
+                          count)
+    t1 = time.perf_counter()
+    if writer is not None:
+        writer.wait()
+    count.save_seconds += time.perf_counter() - t1
+    console.print(f"loop: {count.iterations} iterations in {time.perf_counter() - t0:.2f} s, "
+                  f"{count.save_seconds:.2f} s of it held up by {count.saves} checkpoint(s)")
     if preempted:
         if log is not None:
             log.close()

@@ -456,6 +456,16 @@ class TrainConfig:
         "configured; needs the wandb extra). Both trackers also get the resolved config and "
         "the reward and rollout plots, under torchtitan-style metric names "
         "(wc_fast.metrics.TAGS)")})
+    collective_timeout_s: float = field(default=1800.0, metadata={"help": (
+        "multi-rank runs: the process-group timeout of every collective (also bounding how "
+        "long ranks wait for rank 0's checkpoint writes and end-of-run evaluation), and how "
+        "long a rank's heartbeat may go silent before its peers name it as stalled and exit, "
+        "so that torchrun --max-restarts restarts the job from its newest checkpoint; seconds "
+        "> 0 (default: gloo's own default)")})
+    async_checkpoint: bool = field(default=False, metadata={"help": (
+        "multi-rank runs (whose checkpoints are sharded, torch.distributed.checkpoint): write "
+        "each checkpoint in the background (dcp.async_save) while the next iterations run; it "
+        "is committed before the next checkpoint starts and before the run ends")})
     wandb_project: str = field(default="", metadata={"help": (
         "the W&B project of a wandb logger (empty: WANDB_PROJECT, else wc_fast)")})
     wandb_entity: str = field(default="", metadata={"help": (

@@ -327,6 +327,9 @@ def validate(cfg: Config) -> None:
     _require(tr.eval_clips >= 1, "train.eval_clips", "an integer >= 1", tr.eval_clips)
     _require(tr.max_update_ratio >= 0, "train.max_update_ratio", ">= 0 (0 = off)",
              tr.max_update_ratio)
+    _require(math.isfinite(tr.collective_timeout_s) and tr.collective_timeout_s > 0,
+             "train.collective_timeout_s", "a finite number of seconds > 0",
+             tr.collective_timeout_s)
     _require("jsonl" in tr.loggers and set(tr.loggers) <= set(LOGGERS)
              and len(set(tr.loggers)) == len(tr.loggers), "train.loggers",
              f"distinct names from {LOGGERS} including 'jsonl'", tr.loggers)

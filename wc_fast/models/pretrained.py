@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch.optim.swa_utils import AveragedModel
 
@@ -110,7 +109,7 @@ def _checkpoint_model(path: Path, cfg: ModelConfig, meta: dict) -> ModelConfig:
     size)."""
     with torch.device("meta"):
         need = sum(p.numel() * 4 for p in new_world_model(cfg).parameters())
-    have = sum((path / f"{name}.safetensors").stat().st_size for name in meta["models"][:1])
+    have = checkpoint.weights_bytes(path, meta)
     if need > have:
         raise checkpoint.CheckpointError(f"checkpoint {path}: meta.json's model config needs "
                                          f"{need:,} bytes of weights, its weights file holds "
@@ -181,8 +180,7 @@ def _partial_checkpoint_model(path: Path, meta: dict, device: torch.device | str
     run's initial model (its config's ``train.init`` / ``model.path``), whose other weights
     must hash to the checkpoint's frozen base, with the trained ones loaded over it."""
     model = initial_model(checkpoint_config(path, meta), device)
-    with safe_open(path / "model.safetensors", framework="pt") as weights:
-        trained = set(weights.keys())
+    trained = set(checkpoint.read_weights(path, "model"))
     frozen = {k: v for k, v in model.state_dict().items() if k not in trained}
     base = checkpoint.FrozenBase(path=meta["base"]["path"],
                                  sha256=checkpoint.weights_sha256(frozen))
