@@ -155,6 +155,24 @@ def test_resumes_a_checkpoint_whose_config_held_the_pretraining_section(tmp_path
     assert checkpoint.latest(tmp_path).name.endswith("00000002")
 
 
+def test_resumes_a_checkpoint_written_before_fields_were_added(tmp_path):
+    """A field added since a checkpoint was written is read at its default (which is what
+    the run that wrote it did); another value of it is still a mismatch."""
+    assert main([*SMOKE, "--steps", "1", "--out", str(tmp_path)]) == 0
+    meta_path = checkpoint.latest(tmp_path) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    for section, field in (("reward", "reader_checkpoint"), ("reward", "critic_checkpoint"),
+                           ("train", "collective_timeout_s"), ("nft", "kl_beta")):
+        del meta["config"][section][field]
+    meta["sha256"] = checkpoint._meta_digest(meta)  # as that version wrote it
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(checkpoint.ConfigMismatchError, match="nft.kl_beta: 0.0 -> 0.1"):
+        main([*SMOKE, "--steps", "2", "--out", str(tmp_path), "--resume", "--nft.kl_beta",
+              "0.1"])
+    assert main([*SMOKE, "--steps", "2", "--out", str(tmp_path), "--resume"]) == 0
+    assert checkpoint.latest(tmp_path).name.endswith("00000002")
+
+
 def test_unknown_field_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*SMOKE, "--rollout.bogus", "1", "--out", str(tmp_path)])

@@ -36,7 +36,7 @@ import shutil
 import tempfile
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -415,11 +415,20 @@ def _load_state(file: Path, required: tuple[str, ...]) -> dict:
     return state
 
 
+# a saved config as the running version reads it (fields added since at their defaults,
+# renamed ones under their names): given by the caller, which knows the schema
+ReadConfig = Callable[[dict], dict]
+
+
 def check_config(path: str | os.PathLike, saved: dict, current: dict,
-                 ignore: tuple[str, ...] = ()) -> None:
+                 ignore: tuple[str, ...] = (), read_config: ReadConfig | None = None) -> None:
     """:class:`ConfigMismatchError` naming each field (``model.dim: 192 -> 64``, checkpoint
     value first) where ``current`` differs from the ``saved`` config of checkpoint ``path``,
-    except those ``ignore`` names (:func:`config_mismatch`)."""
+    except those ``ignore`` names (:func:`config_mismatch`). ``read_config``: the saved config
+    as the running version reads it, so a field added since the checkpoint was written
+    compares at its default instead of as missing."""
+    if read_config is not None:
+        saved = read_config(saved)
     diffs = config_mismatch(saved, current, ignore)
     if diffs:
         raise ConfigMismatchError(f"checkpoint {path} was written with another config "
@@ -442,13 +451,15 @@ def _check_base(path: Path, saved: dict, base: FrozenBase | None) -> None:
 def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
          restore_rng: bool = True, base: FrozenBase | None = None,
          required_state: tuple[str, ...] = (), config: dict | None = None,
-         ignore: tuple[str, ...] = (), optimizers: Optimizers | None = None) -> Checkpoint:
+         ignore: tuple[str, ...] = (), optimizers: Optimizers | None = None,
+         read_config: ReadConfig | None = None) -> Checkpoint:
     """Verify checkpoint ``path``, load weights into ``models`` in place and return the rest.
 
     Nothing is loaded into ``models`` unless every file passed its hash check, ``state.pt``
     unpickled safely and holds the keys ``required_state`` (and ``rng`` with
     ``restore_rng``), and, given the run's ``config``, the checkpoint's config equals it but
-    for the fields ``ignore`` names (else :class:`ConfigMismatchError`). A checkpoint of
+    for the fields ``ignore`` names, the saved one read by ``read_config`` (else
+    :class:`ConfigMismatchError`). A checkpoint of
     trained weights over a frozen base loads only with the same ``base`` (the models' frozen
     weights, already in place): another raises ``ValueError``, as does none.
 
@@ -459,7 +470,7 @@ def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
     path = Path(path)
     meta = verify(path)
     if config is not None:
-        check_config(path, meta["config"], config, ignore)
+        check_config(path, meta["config"], config, ignore, read_config)
     saved = meta.get("base")
     if saved is not None and models:
         _check_base(path, saved, base)
@@ -513,11 +524,13 @@ def weights_bytes(path: str | os.PathLike, meta: dict) -> int:
 
 
 def check_resumable(directory: str | os.PathLike, config: dict,
-                    ignore: tuple[str, ...] = ()) -> dict | None:
+                    ignore: tuple[str, ...] = (), read_config: ReadConfig | None = None
+                    ) -> dict | None:
     """Before any setup: :class:`CheckpointError` when ``directory`` holds no checkpoint,
     :class:`ConfigMismatchError` when the newest one whose ``meta.json`` reads was written
-    with another ``config`` (but for ``ignore``); returns that ``meta.json`` (``None`` when
-    none reads). Damage is left to :func:`load_latest_intact`."""
+    with another ``config`` (but for ``ignore``; its own read by ``read_config``); returns
+    that ``meta.json`` (``None`` when none reads). Damage is left to
+    :func:`load_latest_intact`."""
     found = list_checkpoints(directory)
     if not found:
         raise _none_found(directory)
@@ -526,7 +539,7 @@ def check_resumable(directory: str | os.PathLike, config: dict,
             meta = read_meta(path)
         except CheckpointError:
             continue
-        check_config(path, meta["config"], config, ignore)
+        check_config(path, meta["config"], config, ignore, read_config)
         return meta
     return None
 
@@ -534,8 +547,8 @@ def check_resumable(directory: str | os.PathLike, config: dict,
 def load_latest_intact(directory: str | os.PathLike, *, models: dict[str, nn.Module],
                        restore_rng: bool = True, base: FrozenBase | None = None,
                        required_state: tuple[str, ...] = (), config: dict | None = None,
-                       ignore: tuple[str, ...] = (), optimizers: Optimizers | None = None
-                       ) -> Checkpoint:
+                       ignore: tuple[str, ...] = (), optimizers: Optimizers | None = None,
+                       read_config: ReadConfig | None = None) -> Checkpoint:
     """Load the most recently written checkpoint under ``directory`` that passes
     :func:`load`'s checks, warning about each newer one skipped as damaged (a frozen base that
     differs from ``base`` is no damage: its ``ValueError`` is raised; nor is another config:
@@ -548,7 +561,7 @@ def load_latest_intact(directory: str | os.PathLike, *, models: dict[str, nn.Mod
         try:
             return load(path, models=models, restore_rng=restore_rng, base=base,
                         required_state=required_state, config=config, ignore=ignore,
-                        optimizers=optimizers)
+                        optimizers=optimizers, read_config=read_config)
         except ConfigMismatchError:
             raise
         except CheckpointError as exc:

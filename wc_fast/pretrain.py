@@ -200,7 +200,8 @@ def _pretrain(run: RunArgs) -> int:
         ckpt = checkpoint.load_latest_intact(out, models={"model": model, "ema": ema},
                                              required_state=("optimizer", "schedule", "log"),
                                              config=config_lib.to_dict(cfg),
-                                             ignore=RESUMABLE_CHANGES)
+                                             ignore=RESUMABLE_CHANGES,
+                                             read_config=config_lib.read_saved)
         run_id = ckpt.run_id
         optimizer.load_state_dict(ckpt.state["optimizer"])
         schedule.load_state_dict(ckpt.state["schedule"])

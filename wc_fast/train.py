@@ -132,7 +132,8 @@ def _resume(trainer: Trainer, cfg: config_lib.Config) -> checkpoint.Checkpoint:
                                          base=trainer.frozen_base,
                                          optimizers=(trainer.model, trainer.optimizers),
                                          config=config_lib.to_dict(cfg),
-                                         ignore=RESUMABLE_CHANGES)
+                                         ignore=RESUMABLE_CHANGES,
+                                         read_config=config_lib.read_saved)
     groups = cfg.rollout.groups_per_rank * trainer.world_size
     saved = global_batch(ckpt.config, ckpt.world_size or trainer.world_size)
     if saved != groups:  # a fallback past checkpoints of the layout the run was adapted to
@@ -287,7 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             dist.broadcast_object_list(decided, src=0, group=info.group)
             run.resume = decided[0]
         if run.resume:  # another config fails now, not after the models are built
-            meta = checkpoint.check_resumable(out, config_lib.to_dict(cfg), RESUMABLE_CHANGES)
+            meta = checkpoint.check_resumable(out, config_lib.to_dict(cfg), RESUMABLE_CHANGES,
+                                              config_lib.read_saved)
             if meta is not None:
                 follow_world_size(cfg, meta["config"], meta.get("world_size"),
                                   info.world_size, str(out))

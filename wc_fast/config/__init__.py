@@ -33,7 +33,7 @@ from wc_fast.config.files import (
     resolve_file,
     shipped_path,
 )
-from wc_fast.config.saved import RETIRED_SECTIONS, from_dict, is_pretrain_dict
+from wc_fast.config.saved import RETIRED_SECTIONS, from_dict, is_pretrain_dict, read_saved
 from wc_fast.config.schema import *  # noqa: F403 - the schema is this package's namespace
 from wc_fast.config.schema import Config, PretrainRun
 from wc_fast.config.validation import (
@@ -71,5 +71,6 @@ __all__ = ["BASES", "MAX_GIB_PER_RANK", "NEEDS_MODEL_PATH", "PRESETS", "PRESET_D
            "apply_override",
            "apply_values", "build_preset", "build_pretrain_run", "from_dict",
            "is_pretrain_dict", "load", "machine_preset", "memory_estimate", "preset",
+           "read_saved",
            "resolve_file", "shipped_path", "to_dict", "validate", "validate_model",
            "validate_pretrain_run"]

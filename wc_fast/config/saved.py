@@ -3,6 +3,8 @@ those of earlier versions: retired fields and sections dropped, renamed ones map
 
 from __future__ import annotations
 
+import dataclasses
+
 from wc_fast.config.fields import RENAMED_FIELDS, coerce, section_types
 from wc_fast.config.schema import PRETRAIN_SECTIONS, Config, PretrainRun, sections
 from wc_fast.config.validation import validate, validate_pretrain_run
@@ -21,6 +23,17 @@ def is_pretrain_dict(data: dict) -> bool:
     """Whether a saved config dict is a pretraining run's (:class:`PretrainRun`: its sections
     and no other) rather than an RL run's."""
     return "pretrain" in data and set(data) <= {"preset", *PRETRAIN_SECTIONS}
+
+
+def read_saved(data: dict) -> dict:
+    """A saved config dict as this version reads it: fields added since at their defaults,
+    renamed ones under their names, retired ones dropped (:func:`from_dict`); one this version
+    cannot read (an unknown field, an impossible value) is returned as it is, for the
+    comparison to name what differs."""
+    try:
+        return dataclasses.asdict(from_dict(data))
+    except (ValueError, TypeError, AttributeError):
+        return data
 
 
 def from_dict(data: dict) -> Config | PretrainRun:
