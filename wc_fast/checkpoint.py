@@ -36,15 +36,25 @@ import shutil
 import tempfile
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from wc_fast.distributed import full_state_dict, load_full_state_dict, load_optimizer_state
 
@@ -484,7 +494,6 @@ def load(path: str | os.PathLike, *, models: dict[str, nn.Module],
                                             *(("rng",) if restore_rng else ())))
     try:
         if sharded:
-            from wc_fast.sharded_checkpoint import load_sharded
             load_sharded(path, models, optimizers, restore_rng)
         else:
             for name, model in models.items():
@@ -508,7 +517,6 @@ def read_weights(path: str | os.PathLike, name: str) -> dict[str, torch.Tensor]:
     format (unverified: :func:`verify` first where it matters)."""
     path = Path(path)
     if read_meta(path).get("format", SINGLE) == SHARDED:
-        from wc_fast.sharded_checkpoint import export_weights
         return export_weights(path, [name])[name]
     return load_file(path / f"{name}.safetensors")
 
@@ -588,3 +596,57 @@ def config_mismatch(saved: dict, current: dict, ignore: tuple[str, ...] = ()) ->
         elif section not in ignore and a != b:
             diffs.append(f"{section}: {a!r} -> {b!r}")
     return diffs
+
+
+# the sharded format's entries besides the models: the optimizers' state, each rank's RNG
+OPTIMIZERS = "optimizers"
+
+
+def rng_key(rank: int) -> str:
+    """The sharded format's entry of rank ``rank``'s RNG states."""
+    return f"rng_rank{rank}"
+
+
+def load_sharded(path: Path, models: dict[str, nn.Module],
+                 optimizers: Optimizers | None, restore_rng: bool) -> None:
+    """Load sharded checkpoint ``path`` into ``models`` (the entries it holds: a checkpoint of
+    trained weights leaves the frozen ones as they are), the ``optimizers`` and, with
+    ``restore_rng``, this rank's RNG states (rank 0's when it was written at fewer ranks),
+    at any world size (DCP reshards)."""
+    saved = FileSystemReader(path).read_metadata().state_dict_metadata
+    app: dict = {}
+    for name, model in models.items():
+        state = get_model_state_dict(model)
+        app[name] = {k: v for k, v in state.items() if f"{name}.{k}" in saved}
+    if optimizers is not None:
+        app[OPTIMIZERS] = get_optimizer_state_dict(*optimizers)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    rng = rng_key(rank) if any(k.startswith(rng_key(rank) + ".") for k in saved) \
+        else rng_key(0)
+    if restore_rng:
+        app[rng] = rng_state()
+    with warnings.catch_warnings():
+        # one process reading a checkpoint of several is intended here (a resume at one
+        # rank, wc_fast.eval): DCP warns about it all the same
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(app, checkpoint_id=path, no_dist=not dist.is_initialized())
+    for name, model in models.items():
+        partial = len(app[name]) < len(get_model_state_dict(model))
+        set_model_state_dict(model, app[name], options=StateDictOptions(strict=not partial))
+    if optimizers is not None:
+        set_optimizer_state_dict(*optimizers, app[OPTIMIZERS])
+    if restore_rng:
+        set_rng_state(app[rng])
+
+
+def export_weights(path: Path, names: Collection[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """The whole weights of the models ``names`` in sharded checkpoint ``path``, read on one
+    process (no process group needed)."""
+    # what torch.distributed.checkpoint.format_utils.dcp_to_torch_save does, for some keys
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    app: dict = {}
+    _load_state_dict(app, storage_reader=FileSystemReader(path),
+                     planner=_EmptyStateDictLoadPlanner(keys=set(names)), no_dist=True)
+    return {name: {k: v.contiguous() for k, v in app[name].items()} for name in names}

@@ -1,4 +1,5 @@
-"""Sharded checkpoints of multi-rank runs through ``torch.distributed.checkpoint`` (DCP).
+"""Writing the sharded checkpoints of multi-rank runs through ``torch.distributed.checkpoint``
+(DCP); :func:`wc_fast.checkpoint.load` reads them, as it reads the single-file format.
 
 Every rank writes its own part (FSDP2 shards; a replicated weight once, by one rank) of the
 current and old models, the optimizers and its RNG states into one temporary directory, in
@@ -21,31 +22,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import warnings
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
 from wc_fast import checkpoint
-
-OPTIMIZERS = "optimizers"
-
-
-def _rng_key(rank: int) -> str:
-    return f"rng_rank{rank}"
 
 
 def _model_state(model: nn.Module, keys: Collection[str] | None) -> dict:
@@ -91,8 +77,8 @@ class ShardedWriter:
             tmp.mkdir()
         dist.barrier(group=self.group)
         app = {name: _model_state(model, keys) for name, model in models.items()}
-        app[OPTIMIZERS] = get_optimizer_state_dict(*optimizers)
-        app[_rng_key(self.rank)] = checkpoint.rng_state()
+        app[checkpoint.OPTIMIZERS] = get_optimizer_state_dict(*optimizers)
+        app[checkpoint.rng_key(self.rank)] = checkpoint.rng_state()
         commit = {"state": state, "models": list(models), "config": config,
                   "keep_last": keep_last, "base": base, "run_id": run_id,
                   "world_size": world_size}
@@ -128,48 +114,3 @@ class ShardedWriter:
                 f"could not commit checkpoint {tmp.name} in {self.root}: {exc}; its temporary "
                 "directory was removed and the checkpoints of other steps are untouched"
             ) from exc
-
-
-def load_sharded(path: Path, models: dict[str, nn.Module],
-                 optimizers: checkpoint.Optimizers | None, restore_rng: bool) -> None:
-    """Load sharded checkpoint ``path`` into ``models`` (the entries it holds: a checkpoint of
-    trained weights leaves the frozen ones as they are), the ``optimizers`` and, with
-    ``restore_rng``, this rank's RNG states (rank 0's when it was written at fewer ranks),
-    at any world size (DCP reshards)."""
-    saved = FileSystemReader(path).read_metadata().state_dict_metadata
-    app: dict = {}
-    for name, model in models.items():
-        state = get_model_state_dict(model)
-        app[name] = {k: v for k, v in state.items() if f"{name}.{k}" in saved}
-    if optimizers is not None:
-        app[OPTIMIZERS] = get_optimizer_state_dict(*optimizers)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    rng = _rng_key(rank) if any(k.startswith(_rng_key(rank) + ".") for k in saved) \
-        else _rng_key(0)
-    if restore_rng:
-        app[rng] = checkpoint.rng_state()
-    with warnings.catch_warnings():
-        # one process reading a checkpoint of several is intended here (a resume at one
-        # rank, wc_fast.eval): DCP warns about it all the same
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(app, checkpoint_id=path, no_dist=not dist.is_initialized())
-    for name, model in models.items():
-        partial = len(app[name]) < len(get_model_state_dict(model))
-        set_model_state_dict(model, app[name], options=StateDictOptions(strict=not partial))
-    if optimizers is not None:
-        set_optimizer_state_dict(*optimizers, app[OPTIMIZERS])
-    if restore_rng:
-        checkpoint.set_rng_state(app[rng])
-
-
-def export_weights(path: Path, names: Collection[str]) -> dict[str, dict[str, torch.Tensor]]:
-    """The whole weights of the models ``names`` in sharded checkpoint ``path``, read on one
-    process (no process group needed)."""
-    # what torch.distributed.checkpoint.format_utils.dcp_to_torch_save does, for some keys
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    app: dict = {}
-    _load_state_dict(app, storage_reader=FileSystemReader(path),
-                     planner=_EmptyStateDictLoadPlanner(keys=set(names)), no_dist=True)
-    return {name: {k: v.contiguous() for k, v in app[name].items()} for name in names}
