@@ -28,6 +28,7 @@ from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import (
     export_world_model,
     frame_codec,
+    load_checkpoint_model,
     load_wan_world_model,
     load_world_model,
 )
@@ -144,6 +145,49 @@ def test_lora_checkpoints_hold_the_trained_weights_and_resume_exactly(wan_dir, t
     assert train.main([*args, "--resume"]) == 0
     _assert_same(uninterrupted, _final_weights(tmp_path))
     _assert_same(old, _final_weights(tmp_path, "old"))
+
+
+@needs_peft
+def test_a_lora_run_exports_in_peft_format_and_loads_onto_a_fresh_base(wan_dir, tmp_path,
+                                                                      quick_runs):
+    """``python -m wc_fast.tools.export --peft``: peft loads the adapters onto a fresh base,
+    which with the exported conditioning predicts what the trained checkpoint predicts."""
+    import peft
+    from safetensors.torch import load_file
+
+    from wc_fast.tools.export import export_peft
+    from wc_fast.tools.export import main as export
+
+    assert train.main(wan_args(wan_dir, tmp_path / "run", "--steps", "1",
+                               "--model.lora_rank", "4")) == 0
+    ckpt = checkpoint.latest(tmp_path / "run")
+    assert export([str(ckpt), "--out", str(tmp_path / "peft"), "--peft"]) == 0
+    trained = load_checkpoint_model(ckpt, torch.device("cpu"))
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert (config["r"], config["peft_type"]) == (4, "LORA")
+    fresh = load_wan_world_model(wan_config(wan_dir).model)
+    root = fresh.lora_root()
+    peft.inject_adapter_in_model(peft.LoraConfig(**{k: config[k] for k in (
+        "r", "lora_alpha", "target_modules")}), root)
+    peft.set_peft_model_state_dict(root,
+                                   load_file(tmp_path / "peft" / "adapter_model.safetensors"))
+    conditioning = load_file(tmp_path / "peft" / "conditioning.safetensors")
+    assert conditioning and not any("lora" in k for k in conditioning)
+    fresh.load_state_dict(conditioning, strict=False)
+    gen = torch.Generator().manual_seed(0)
+    f, shape = trained.clip_frames, trained.clip_shape
+    x, sigma = torch.randn(2, *shape, generator=gen), torch.full((2,), 0.5)
+    actions = torch.randint(0, 81, (2, f), generator=gen)
+    history = torch.randn(1, 1 + f, *shape[1:], generator=gen)
+    with torch.no_grad():
+        caches = [m.build_cache_parallel(history, torch.zeros(1, 1 + f, dtype=torch.long),
+                                         sigma=0.0) for m in (trained, fresh.eval())]
+        want = trained.velocity(x, sigma, actions, caches[0])
+        got = fresh.velocity(x, sigma, actions, caches[1])
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert train.main(wan_args(wan_dir, tmp_path / "full", "--steps", "1")) == 0
+    with pytest.raises(ValueError, match="not of a LoRA run"):
+        export_peft(checkpoint.latest(tmp_path / "full"), tmp_path / "x")
 
 
 @pytest.mark.slow

@@ -97,6 +97,33 @@ def test_lora_run_checkpoints_only_what_it_trains(tiny_dir, tmp_path):
     saved = _final_weights(tmp_path)
     assert any("lora_A" in k for k in saved) and "action_in.mlp.2.weight" in saved
     assert "double_blocks.0.txt_attn_q.weight" not in saved
+    # peft's format: the adapters of the double blocks load onto a fresh base, which with the
+    # exported conditioning predicts what the checkpoint predicts
+    import peft
+    from safetensors.torch import load_file
+
+    from wc_fast.models.pretrained import load_checkpoint_model
+    from wc_fast.tools.export import export_peft
+
+    export_peft(checkpoint.latest(tmp_path), tmp_path / "peft")
+    config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    fresh = load_worldplay_world_model(smoke_config(tiny_dir).model)
+    peft.inject_adapter_in_model(peft.LoraConfig(**{k: config[k] for k in (
+        "r", "lora_alpha", "target_modules")}), fresh.lora_root())
+    peft.set_peft_model_state_dict(fresh.lora_root(),
+                                   load_file(tmp_path / "peft" / "adapter_model.safetensors"))
+    fresh.load_state_dict(load_file(tmp_path / "peft" / "conditioning.safetensors"),
+                          strict=False)
+    trained = load_checkpoint_model(checkpoint.latest(tmp_path), torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    f, shape = trained.clip_frames, trained.clip_shape
+    x, actions = torch.randn(2, *shape, generator=gen), torch.randint(0, 81, (2, f), generator=gen)
+    history = torch.randn(1, 1 + f, *shape[1:], generator=gen)
+    with torch.no_grad():
+        out = [m.velocity(x, torch.full((2,), 0.5), actions, m.build_cache_parallel(
+            history, torch.zeros(1, 1 + f, dtype=torch.long), sigma=0.0))
+            for m in (trained, fresh.eval())]
+    torch.testing.assert_close(out[1], out[0], rtol=0, atol=0)
 
 
 @pytest.mark.slow

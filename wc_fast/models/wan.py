@@ -321,6 +321,11 @@ class WanWorldModel(nn.Module):
                    activation_checkpointing=activation_checkpointing,
                    autocast_dtype=autocast_dtype, history_window=history_window)
 
+    def lora_root(self) -> nn.Module:
+        """The module whose linears :meth:`add_lora` adapts (the transformer): the root of the
+        adapter's names in peft's format."""
+        return self.transformer
+
     def add_lora(self, rank: int, alpha: float, targets: tuple[str, ...], *,
                  seed: int = 0) -> None:
         """LoRA adapters of ``rank`` on the transformer's linears named by ``targets`` (peft's

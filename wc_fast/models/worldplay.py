@@ -273,6 +273,11 @@ class WorldPlayWorldModel(nn.Module):
                              f"{mismatched[:5]}")
         self.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
 
+    def lora_root(self) -> nn.Module:
+        """The module whose linears :meth:`add_lora` adapts (the double blocks): the root of
+        the adapter's names in peft's format."""
+        return self.double_blocks
+
     def add_lora(self, rank: int, alpha: float, targets: tuple[str, ...], *,
                  seed: int = 0) -> None:
         """LoRA adapters (:func:`wc_fast.models.lora.inject_lora`) on the double blocks'
