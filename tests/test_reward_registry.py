@@ -85,7 +85,7 @@ def test_the_fit_as_reader_reads_no_network_and_has_no_gap(monkeypatch):
     group, frames = _group(cfg)
     scores = reward(group, frames)
     assert scores.c2w.shape == (3, cfg.model.clip_frames + 1, 4, 4)
-    assert reward.reader_gap(group, frames, scores.c2w) == 0.0
+    assert reward.reader_gap(group, frames, scores) == 0.0
 
 
 def test_agreement_pays_the_lower_of_the_estimators_and_the_fits_if(monkeypatch):

@@ -92,13 +92,13 @@ def _load(checkpoint_path: str | None, base: str, device: torch.device
     """The model, its config and its sampler's (steps, shift): a checkpoint's own, or the
     shipped base model's with the ``cpu`` preset's sampler."""
     model = load_checkpoint_model(checkpoint_path, device, base=base)
+    cfg = None
     if checkpoint_path is not None and Path(checkpoint_path).is_dir():
-        cfg = checkpoint_config(Path(checkpoint_path),
-                                checkpoint.read_meta(Path(checkpoint_path)))
-        rollout = getattr(cfg, "rollout", config_lib.preset("cpu").rollout)
-        return model, cfg.model, (rollout.steps, rollout.shift)
-    rollout = config_lib.preset("cpu").rollout
-    return model, model.cfg, (rollout.steps, rollout.shift)
+        path = Path(checkpoint_path)
+        cfg = checkpoint_config(path, checkpoint.read_meta(path))
+    # a base model, or a pretraining run (no rollout section): the cpu preset's sampler
+    rollout = getattr(cfg, "rollout", None) or config_lib.preset("cpu").rollout
+    return model, model.cfg if cfg is None else cfg.model, (rollout.steps, rollout.shift)
 
 
 def generate(model: WorldModel, model_cfg: config_lib.ModelConfig, actions: list[int], *,

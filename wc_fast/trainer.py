@@ -306,7 +306,7 @@ class Trainer:
             frames = self.codec.decode(group.reward_frames())
             scores = self.reward(group, frames)
             if self.read_gap:
-                self.gaps.append(self.reward.reader_gap(group, frames, scores.c2w))
+                self.gaps.append(self.reward.reader_gap(group, frames, scores))
             s_if.append(scores.s_if)
             s_vq.append(scores.s_vq)
             spread.append(motion_spread(camera_motion(scores.c2w.cpu()), self.estimator_error,

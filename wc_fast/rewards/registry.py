@@ -139,12 +139,14 @@ IF_SCORES: dict[str, Callable[[Tensor, Tensor, RewardConfig], Tensor]] = {
 
 @dataclass(slots=True)
 class GroupScores:
-    """One group's rewards: IF and VQ per candidate ``[G]`` and the camera paths the IF read
-    ``[G, F+1, 4, 4]``."""
+    """One group's rewards: IF and VQ per candidate ``[G]``, the camera paths the IF read
+    ``[G, F+1, 4, 4]`` (the first reader's) and, when the camera fit was one of the readers,
+    its paths (for the reader gap, which then needs no second fit)."""
 
     s_if: Tensor
     s_vq: Tensor
     c2w: Tensor
+    fitted: Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -157,22 +159,23 @@ class Reward:
 
     def __call__(self, group: ScoredGroup, frames: Tensor) -> GroupScores:
         rw = self.cfg
-        paths = [READERS[name](self.models, group, frames)
-                 for name in JOINT_READERS.get(rw.if_reader, (rw.if_reader,))]
-        c2w = paths[0]
+        names = JOINT_READERS.get(rw.if_reader, (rw.if_reader,))
+        paths = {name: READERS[name](self.models, group, frames) for name in names}
+        c2w = paths[names[0]]
         s_if = torch.stack([IF_SCORES[rw.if_kind](p, group.clip_actions, rw).to(c2w.device)
-                            for p in paths]).amin(0)
+                            for p in paths.values()]).amin(0)
         s_vq = vq_scores(self.models.critic, frames, stride=rw.vq_stride, mode=rw.vq_mode)
-        return GroupScores(s_if=s_if, s_vq=s_vq, c2w=c2w)
+        return GroupScores(s_if=s_if, s_vq=s_vq, c2w=c2w, fitted=paths.get("fit"))
 
-    def reader_gap(self, group: ScoredGroup, frames: Tensor, c2w: Tensor) -> float:
-        """Mean over the group's candidates of the label IF of its reward's paths ``c2w``
-        minus that of the classical camera fit of the same ``frames`` (``c2w`` itself when
-        the fit is the reward's reader): reward the policy gets from its reader alone."""
+    def reader_gap(self, group: ScoredGroup, frames: Tensor, scores: GroupScores) -> float:
+        """Mean over the group's candidates of the label IF of the reward's paths
+        (``scores.c2w``) minus that of the classical camera fit of the same ``frames`` (the
+        fit the reward made, when it made one): reward the policy gets from its reader alone."""
         rw = self.cfg
-        fitted = c2w if rw.if_reader == "fit" else fit_path(frames.detach().float().cpu())
+        fitted = (scores.fitted if scores.fitted is not None
+                  else fit_path(frames.detach().float().cpu()))
         reads = [_label(path.double().cpu(), group.clip_actions.cpu(), rw)
-                 for path in (c2w, fitted)]
+                 for path in (scores.c2w, fitted)]
         return float((reads[0] - reads[1]).mean())
 
 
