@@ -1,19 +1,21 @@
 """The study's rows on the reserved evaluation seeds, with paired 95% intervals, on either base.
 
-    python -m studies.final_table [--base tiny|wan] [--rows recipe:3,recipe_no_exploration,...]
-                                  [--sequences 64] [--clips 6] [--out runs/replicate]
-                                  [--cache studies/results/final]
+    python -m studies.final_table [--base tiny|wan] [--rows recipe_kl:3,recipe,...]
+                                  [--seeds final|validation] [--sequences 64] [--clips 6]
+                                  [--out runs/replicate] [--cache DIR]
 
 Each (row, seed) is trained as ``studies.replicate`` trains it (the same run folders, so a row
 trained for the study is not trained again), on the embedded base ``--base``; then
 ``python -m wc_fast.eval --final`` evaluates its final model on the reserved seeds
-(``FINAL_EVAL_SEED``, never used for tuning), and the base model is evaluated the same way.
-Each evaluation's JSON is kept in ``--cache`` under a name carrying the row, the seed, the
-training configuration's hash and the evaluation's (settings and every shipped model it
-reads), so an interrupted table resumes and a changed asset is evaluated afresh. Every row is
-then compared with the base sequence by sequence (``wc_fast.evaluation.compare``: paired
-bootstrap over the sequences, and over the seeds where a row has several), and the table is
-written to ``--cache/<base>_table.md``.
+(``FINAL_EVAL_SEED``, never used for tuning; ``--seeds validation``: the validation seeds,
+``VALIDATION_EVAL_SEED``, on which recipes are chosen), and the base model is evaluated the
+same way. Each evaluation's JSON is kept in ``--cache`` (``studies/results/<seeds>``) under a
+name carrying the row, the seed, the training configuration's hash and the evaluation's
+(settings, seed set and every shipped model it reads), so an interrupted table resumes and a
+changed asset is evaluated afresh. Every row is then compared with the base sequence by
+sequence (``wc_fast.evaluation.compare``: paired bootstrap over the sequences, and over the
+seeds where a row has several), the camera fit first, and the table is written to
+``--cache/<base>_table.md``.
 """
 
 from __future__ import annotations
@@ -30,21 +32,27 @@ from wc_fast.config import BASES
 from wc_fast.evaluation.bootstrap import sequence_values
 from wc_fast.evaluation.compare import clip_slices, compare
 
-# the table's columns: (set, metric, clip slice, header)
-COLUMNS = (("composite_2key", "accuracy", "all clips", "two keys, estimator"),
-           ("composite_2key", "accuracy", "clip 1", "two keys, estimator, clip 1"),
-           ("composite_2key", "fit_accuracy", "all clips", "two keys, camera fit"),
+# the table's columns: (set, metric, clip slice, header); the camera fit, which no reward
+# reads, first, the estimator beside it and the gap between the two
+COLUMNS = (("composite_2key", "fit_accuracy", "all clips", "two keys, camera fit"),
+           ("composite_2key", "accuracy", "all clips", "two keys, estimator"),
+           ("composite_2key", "reader_gap", "all clips", "two keys, reader gap"),
+           ("composite_2key", "fit_accuracy", "clip 1", "two keys, camera fit, clip 1"),
+           ("basic", "fit_accuracy", "all clips", "basic, camera fit"),
            ("basic", "accuracy", "all clips", "basic, estimator"),
            ("basic", "psnr", "clip 1", "basic PSNR (dB), clip 1"),
            ("basic", "vq", "clip 1", "basic VQ (critic), clip 1"))
-DEFAULT_ROWS = "recipe:3,recipe_no_exploration,recipe_warp,recipe_flow_grpo_same_explored"
+DEFAULT_ROWS = "recipe_kl:3"
+# seed set -> the cache folder its evaluations are kept in by default
+CACHES = {"final": "studies/results/final", "validation": "studies/results/validation"}
 
 
 def evaluate_final(checkpoint: Path | None, base: str, sequences: int, clips: int,
-                   path: Path, log: Path) -> dict:
-    """``python -m wc_fast.eval --final`` of ``checkpoint`` (the base model when ``None``),
-    its JSON result written to ``path`` and its console output to ``log``."""
-    command = [sys.executable, "-m", "wc_fast.eval", "--final", "--base", base,
+                   path: Path, log: Path, seeds: str = "final") -> dict:
+    """``python -m wc_fast.eval --final`` (``--validation`` for ``seeds="validation"``) of
+    ``checkpoint`` (the base model when ``None``), its JSON result written to ``path`` and its
+    console output to ``log``."""
+    command = [sys.executable, "-m", "wc_fast.eval", f"--{seeds}", "--base", base,
                "--sequences", str(sequences), "--clips", str(clips), "--json", str(path)]
     if checkpoint is not None:
         command += ["--checkpoint", str(checkpoint)]
@@ -85,16 +93,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sequences", type=int, default=64)
     parser.add_argument("--clips", type=int, default=6)
     parser.add_argument("--out", default="runs/replicate", help="training runs (checkpoints)")
-    parser.add_argument("--cache", default="studies/results/final",
-                        help="each evaluation's JSON and the table, small files to commit")
+    parser.add_argument("--seeds", choices=tuple(CACHES), default="final",
+                        help="the evaluation seed set: final (reserved for final tables) or "
+                             "validation (where recipes are chosen)")
+    parser.add_argument("--cache", default=None,
+                        help="each evaluation's JSON and the table, small files to commit "
+                             "(default: studies/results/final or studies/results/validation)")
     args = parser.parse_args(argv)
     try:
         rows = parse_rows(args.rows, lambda row: 1)
     except ValueError as error:
         parser.error(str(error))
-    out, cache = Path(args.out), Path(args.cache)
-    tag = f"{args.sequences}x{args.clips}_final-" + evaluation_id(
-        args.sequences, args.clips, final=True, base=args.base)
+    out, cache = Path(args.out), Path(args.cache or CACHES[args.seeds])
+    tag = f"{args.sequences}x{args.clips}_{args.seeds}-" + evaluation_id(
+        args.sequences, args.clips, seeds=args.seeds, base=args.base)
     prefix = "" if args.base == "tiny" else f"{args.base}_"
 
     def final(checkpoint: Path | None, path: Path) -> dict:
@@ -102,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if path.is_file():
             return json.loads(path.read_text())
         return evaluate_final(checkpoint, args.base, args.sequences, args.clips, path,
-                              out / f"{path.stem}.log")
+                              out / f"{path.stem}.log", args.seeds)
 
     base = final(None, cache / f"{prefix}base_{tag}.json")
     results = {}
@@ -117,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python -m studies.final_table " + " ".join(
         argv if argv is not None else sys.argv[1:])
     lines = [f"`{command.strip()}` ({args.sequences} sequences x {args.clips} clips per set, "
-             "reserved seeds; change from the base [paired 95% bootstrap interval])", "",
+             f"{args.seeds} seeds; change from the base [paired 95% bootstrap interval])", "",
              *table(base, results)]
     doc = cache / f"{args.base}_table.md"
     doc.write_text("\n".join(lines) + "\n")

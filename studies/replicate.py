@@ -63,7 +63,7 @@ from studies.motion_spread import measure as measure_spread
 from wc_fast import checkpoint
 from wc_fast.cli import parse_run_args
 from wc_fast.config import preset, to_dict
-from wc_fast.eval import FINAL_EVAL_SEED, KINDS, EvalSettings, evaluate
+from wc_fast.eval import KINDS, SEED_SETS, EvalSettings, evaluate
 from wc_fast.models.pretrained import BASE_MODELS, load_checkpoint_model
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.motion_spread import camera_motion
@@ -189,15 +189,16 @@ def score(model_path: str | None, sequences: int, clips: int) -> dict:
             "spread": {k: spread[k]["motion_spread"] for k in ("basic", "composite_2key")}}
 
 
-def evaluation_id(sequences: int, clips: int, *, final: bool = False, base: str = "tiny"
+def evaluation_id(sequences: int, clips: int, *, seeds: str = "tuning", base: str = "tiny"
                   ) -> str:
     """8 hex digits naming everything a score depends on besides the trained weights: the
-    evaluation's settings (``final``: on the reserved seeds) and every shipped model it reads
-    (the base ``base``, estimators, critics), so a new setting or a retrained asset never
-    reuses an old score."""
-    seed = {"seed": FINAL_EVAL_SEED} if final else {}
+    evaluation's settings (on the seed set ``seeds``, a key of ``SEED_SETS``) and every
+    shipped model it reads (the base ``base``, estimators, critics), so a new setting or a
+    retrained asset never reuses an old score."""
+    if seeds not in SEED_SETS:
+        raise ValueError(f"seeds must be one of {list(SEED_SETS)}, got {seeds!r}")
     digest = hashlib.sha256(repr(EvalSettings.from_config(
-        preset("cpu"), sequences=sequences, clips=clips, **seed)).encode())
+        preset("cpu"), sequences=sequences, clips=clips, seed=SEED_SETS[seeds])).encode())
     for name in SCORED_ASSETS:
         path = BASE_MODELS[base] if name == "base_model" else ASSETS / f"{name}.safetensors"
         digest.update(path.read_bytes())

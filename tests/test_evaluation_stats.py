@@ -68,15 +68,22 @@ def test_sequence_values_reads_an_eval_result():
 
 
 def test_final_evaluation_seeds_are_disjoint_from_every_tuning_seed():
-    """The reserved sets and their floors share no seed with the evaluation sets, their floors,
-    the evaluation critic's generations (3500-3502) or the camera fit's renders (321)."""
-    from wc_fast.eval import EVAL_SEED, FINAL_EVAL_SEED, FLOOR_SEED_OFFSET, KINDS
+    """The reserved sets and their floors share no seed with the tuning or validation sets,
+    their floors, the evaluation critic's generations (3500-3502) or the camera fit's renders
+    (321); the validation sets share none with the tuning sets."""
+    from wc_fast.eval import (EVAL_SEED, FINAL_EVAL_SEED, FLOOR_SEED_OFFSET, KINDS, SEED_SETS,
+                              VALIDATION_EVAL_SEED)
 
     def seeds(base: int) -> set[int]:
         sets = {base + k for k in range(len(KINDS))}
         return sets | {s + FLOOR_SEED_OFFSET for s in sets}
 
-    assert seeds(FINAL_EVAL_SEED).isdisjoint(seeds(EVAL_SEED) | {3500, 3501, 3502, 321})
+    others = {3500, 3501, 3502, 321}
+    assert seeds(FINAL_EVAL_SEED).isdisjoint(seeds(EVAL_SEED) | seeds(VALIDATION_EVAL_SEED)
+                                             | others)
+    assert seeds(VALIDATION_EVAL_SEED).isdisjoint(seeds(EVAL_SEED) | others)
+    assert SEED_SETS == {"tuning": EVAL_SEED, "validation": VALIDATION_EVAL_SEED,
+                         "final": FINAL_EVAL_SEED}
 
 
 def _result(values: dict[str, list[list[float]]], **settings) -> dict:

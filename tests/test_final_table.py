@@ -27,8 +27,8 @@ def test_final_table_trains_evaluates_and_tabulates_paired_changes(tmp_path, mon
         trained.append((row, seed, base))
         return folder / "step_00000060"
 
-    def fake_evaluate(checkpoint, base, sequences, clips, path, log):
-        assert log.parent == tmp_path / "runs"
+    def fake_evaluate(checkpoint, base, sequences, clips, path, log, seeds):
+        assert log.parent == tmp_path / "runs" and seeds == "final"
         evaluated.append(checkpoint)
         result = _result(0.0 if checkpoint is None else 0.1)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,12 +45,16 @@ def test_final_table_trains_evaluates_and_tabulates_paired_changes(tmp_path, mon
                        ("recipe_no_exploration", 0, "tiny")]
     assert evaluated[0] is None and len(evaluated) == 4  # the base, then each (row, seed)
     lines = (cache / "tiny_table.md").read_text().splitlines()
-    assert lines[4] == "| base model | - | 0.305 | 0.310 | 0.405 | 0.305 | 20.010 | -2.990 |"
-    # every sequence changed by exactly +0.1: the interval is that point
+    # the camera fit first, the estimator beside it, then their gap
+    assert lines[4] == ("| base model | - | 0.405 | 0.305 | -0.100 | 0.410 | 0.405 | 0.305 | "
+                        "20.010 | -2.990 |")
+    # every sequence changed by exactly +0.1 (both readers alike, so the gap by 0): the
+    # interval is that point
     recipe = lines[5]
-    assert recipe.startswith(f"| {replicate.TITLES['recipe']} | 2 | +0.100 [+0.100, +0.100] |")
-    assert recipe.count("+0.100 [+0.100, +0.100]") == len(final_table.COLUMNS)
-    tag = f"3x2_final-{replicate.evaluation_id(3, 2, final=True)}"
+    assert recipe.startswith(f"| {replicate.TITLES['recipe']} | 2 | +0.100 [+0.100, +0.100] | "
+                             "+0.100 [+0.100, +0.100] | +0.000 [+0.000, +0.000] |")
+    assert recipe.count("+0.100 [+0.100, +0.100]") == len(final_table.COLUMNS) - 1
+    tag = f"3x2_final-{replicate.evaluation_id(3, 2, seeds='final')}"
     name = f"recipe_s1_cfg-{replicate.training_id('recipe', 1, None)}"
     assert json.loads((cache / f"{name}_{tag}.json").read_text()) == _result(0.1)
 
@@ -63,9 +67,9 @@ def test_final_table_trains_evaluates_and_tabulates_paired_changes(tmp_path, mon
 
 
 def test_final_table_names_runs_and_evaluations_by_base(tmp_path, monkeypatch):
-    assert replicate.evaluation_id(3, 2, final=True) != replicate.evaluation_id(3, 2)
-    wan = replicate.evaluation_id(3, 2, final=True, base="wan")
-    assert wan != replicate.evaluation_id(3, 2, final=True)
+    assert replicate.evaluation_id(3, 2, seeds="final") != replicate.evaluation_id(3, 2)
+    wan = replicate.evaluation_id(3, 2, seeds="final", base="wan")
+    assert wan != replicate.evaluation_id(3, 2, seeds="final")
     run_id = replicate.training_id("recipe", 0, None, "wan")
     assert run_id != replicate.training_id("recipe", 0, None)
     weights = tmp_path / "wan_base_model.safetensors"
@@ -74,7 +78,7 @@ def test_final_table_names_runs_and_evaluations_by_base(tmp_path, monkeypatch):
     weights.with_suffix(".json").write_text(json.dumps(card))
     monkeypatch.setitem(replicate.BASE_MODELS, "wan", weights)
     # RL starts from the shipped base: retrained weights are a new run and a new evaluation
-    retrained = replicate.evaluation_id(3, 2, final=True, base="wan")
+    retrained = replicate.evaluation_id(3, 2, seeds="final", base="wan")
     assert replicate.training_id("recipe", 0, None, "wan") != run_id
     assert retrained != wan
     # a card field added later: at its old value the id made before it existed, else a new one
@@ -84,7 +88,7 @@ def test_final_table_names_runs_and_evaluations_by_base(tmp_path, monkeypatch):
         if window is not None:
             card["model"]["history_window"] = window
         weights.with_suffix(".json").write_text(json.dumps(card))
-        ids[window] = replicate.evaluation_id(3, 2, final=True, base="wan")
+        ids[window] = replicate.evaluation_id(3, 2, seeds="final", base="wan")
     assert ids[None] == ids[0] and ids[3] not in (ids[0], retrained)
 
 
@@ -92,3 +96,42 @@ def test_final_table_names_runs_and_evaluations_by_base(tmp_path, monkeypatch):
 def test_final_table_refuses_bad_rows(rows, tmp_path):
     with pytest.raises(SystemExit):
         final_table.main(["--rows", rows, "--cache", str(tmp_path)])
+
+
+def test_validation_seeds_evaluate_with_their_own_flag_tag_and_cache(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_evaluate(checkpoint, base, sequences, clips, path, log, seeds):
+        calls.append((seeds, path.parent))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(_result(0.0 if checkpoint is None else 0.1)))
+        return json.loads(path.read_text())
+
+    monkeypatch.setattr(final_table, "run", lambda row, seed, folder, steps, base="tiny":
+                        folder / "step_00000060")
+    monkeypatch.setattr(final_table, "evaluate_final", fake_evaluate)
+    monkeypatch.setitem(final_table.CACHES, "validation", str(tmp_path / "validation"))
+    assert final_table.main(["--seeds", "validation", "--rows", "recipe", "--sequences", "3",
+                             "--clips", "2", "--out", str(tmp_path / "runs")]) == 0
+    assert calls == [("validation", tmp_path / "validation")] * 2
+    tag = f"3x2_validation-{replicate.evaluation_id(3, 2, seeds='validation')}"
+    assert (tmp_path / "validation" / f"base_{tag}.json").is_file()
+    assert "validation seeds" in (tmp_path / "validation" / "tiny_table.md").read_text()
+    assert replicate.evaluation_id(3, 2, seeds="validation") != replicate.evaluation_id(
+        3, 2, seeds="final")
+    with pytest.raises(ValueError, match="seeds must be one of"):
+        replicate.evaluation_id(3, 2, seeds="reserved")
+
+
+def test_the_final_evaluation_command_names_its_seed_set(tmp_path, monkeypatch):
+    commands = []
+
+    def fake_subprocess_run(command, **kwargs):
+        commands.append(command)
+        (tmp_path / "e.json").write_text("{}")
+
+    monkeypatch.setattr(final_table.subprocess, "run", fake_subprocess_run)
+    for seeds in ("final", "validation"):
+        final_table.evaluate_final(None, "tiny", 3, 2, tmp_path / "e.json", tmp_path / "e.log",
+                                   seeds)
+    assert [c[3] for c in commands] == ["--final", "--validation"]

@@ -393,8 +393,8 @@ def test_committed_final_rows_keep_their_run_ids(row, seed):
     """Every config field added since a row was trained is in ``FIELDS_ADDED_OFF``: the row's
     id still names its committed evaluation, so the final table does not train it again."""
     replicate = _load("replicate")
-    cache = Path(__file__).resolve().parents[1] / "studies" / "results" / "final"
-    name = f"{row}_s{seed}_cfg-{replicate.training_id(row, seed, None)}_64x6_final-"
+    cache = Path(__file__).resolve().parents[1] / "studies" / "results" / "validation"
+    name = f"{row}_s{seed}_cfg-{replicate.training_id(row, seed, None)}_64x6_validation-"
     assert any(path.name.startswith(name) for path in cache.iterdir()), name
 
 

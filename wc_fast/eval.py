@@ -28,7 +28,8 @@ holds every per-clip value ``[n, N]`` for paired bootstrap intervals
 the true renders. ``--save-frames DIR`` writes ``DIR/<set>.npz`` with the keys
 ``generated``, ``ground_truth``, ``actions``, ``c2w_true``, ``c2w_commanded`` and ``c2w_fit``
 (shapes in :mod:`wc_fast.evaluation.frames_io`). ``--final`` evaluates on
-:data:`FINAL_EVAL_SEED`, reserved for final tables (never for tuning).
+:data:`FINAL_EVAL_SEED`, reserved for final tables (never for tuning); ``--validation`` on
+:data:`VALIDATION_EVAL_SEED`, where a choice between recipes may be made.
 """
 
 from __future__ import annotations
@@ -78,8 +79,12 @@ if TYPE_CHECKING:
 KINDS = {"basic": (0.0, (2, 3, 4)), "composite": (1.0, (2, 3, 4)),
          "composite_2key": (1.0, (2,))}
 EVAL_SEED = 900_001
+# The former reserved seeds, now for choosing between recipes (docs/replication.md).
+VALIDATION_EVAL_SEED = 7_700_001
 # Evaluation seeds no design choice has seen: only for final tables (docs/replication.md).
-FINAL_EVAL_SEED = 7_700_001
+FINAL_EVAL_SEED = 6_100_001
+# the named seed sets: tuning (every constant), validation (recipes), final (final tables)
+SEED_SETS = {"tuning": EVAL_SEED, "validation": VALIDATION_EVAL_SEED, "final": FINAL_EVAL_SEED}
 FLOOR_SEED_OFFSET = 1000  # seed offset of the other speeds the floors' true renders move at
 
 
@@ -361,10 +366,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the old spelling of --sampler-steps: every other command's --steps counts iterations
     parser.add_argument("--steps", type=int, default=None, dest="old_steps",
                         help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=EVAL_SEED)
-    parser.add_argument("--final", action="store_true",
-                        help=f"evaluate on the seeds reserved for final tables "
-                             f"(FINAL_EVAL_SEED = {FINAL_EVAL_SEED}); overrides --seed")
+    seeds = parser.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=int, default=EVAL_SEED)
+    seeds.add_argument("--final", action="store_const", dest="seed", const=FINAL_EVAL_SEED,
+                       help=f"evaluate on the seeds reserved for final tables "
+                            f"(FINAL_EVAL_SEED = {FINAL_EVAL_SEED})")
+    seeds.add_argument("--validation", action="store_const", dest="seed",
+                       const=VALIDATION_EVAL_SEED,
+                       help=f"evaluate on the validation seeds, where recipes are chosen "
+                            f"(VALIDATION_EVAL_SEED = {VALIDATION_EVAL_SEED})")
     parser.add_argument("--save-frames", default=None, metavar="DIR",
                         help="write DIR/<set>.npz: generated and true frames, actions, true, "
                              "commanded and fitted camera paths")
@@ -393,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = resolve_device(args.device)
     model = load_checkpoint_model(args.checkpoint, device, base=args.base)
     overrides = {"sequences": args.sequences, "clips": args.clips,
-                 "seed": FINAL_EVAL_SEED if args.final else args.seed}
+                 "seed": args.seed}
     if args.sampler_steps is not None:
         overrides["steps"] = args.sampler_steps
     settings = EvalSettings.from_config(cfg, **overrides)

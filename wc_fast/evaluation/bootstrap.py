@@ -53,8 +53,12 @@ def sequence_values(result: dict, kind: str, metric: str,
                     clips: slice | None = None) -> np.ndarray:
     """One value per evaluation sequence ``[n]`` from a ``python -m wc_fast.eval --json``
     result: ``result[kind]["per_sequence"][metric]`` (``[n, N]``) averaged over ``clips``
-    (all clips by default; ``slice(0, 1)`` for the trained clip alone)."""
+    (all clips by default; ``slice(0, 1)`` for the trained clip alone). ``reader_gap`` is the
+    estimator's accuracy minus the camera fit's, per sequence."""
     table = result.get(kind, {}).get("per_sequence", {})
+    if metric == "reader_gap" and metric not in table:  # derived: estimator minus camera fit
+        return (sequence_values(result, kind, "accuracy", clips)
+                - sequence_values(result, kind, "fit_accuracy", clips))
     if metric not in table:
         raise KeyError(f"no per-sequence {metric!r} for set {kind!r}; have {sorted(table)}")
     values = np.asarray(table[metric], dtype=np.float64)

@@ -14,9 +14,11 @@ import numpy as np
 
 from wc_fast.evaluation.bootstrap import paired_bootstrap, sequence_values
 
-# metric key in ``per_sequence`` -> its name in the table; estimator accuracy, the classical
-# camera fit's accuracy, distance to the true render, the evaluation critic's VQ
-COMPARED = {"accuracy": "accuracy (estimator)", "fit_accuracy": "accuracy (camera fit)",
+# metric key in ``per_sequence`` -> its name in the table: the classical camera fit's accuracy
+# (a reader no reward reads) first, the estimator's beside it and the gap between the two,
+# distance to the true render, the evaluation critic's VQ
+COMPARED = {"fit_accuracy": "accuracy (camera fit)", "accuracy": "accuracy (estimator)",
+            "reader_gap": "reader gap (estimator - fit)",
             "psnr": "PSNR (dB)", "ssim": "SSIM", "rot_err_deg": "rotation error (deg)",
             "trans_err": "translation error", "vq": "VQ (critic)"}
 SETS = ("basic", "composite", "composite_2key")
