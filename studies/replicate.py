@@ -69,8 +69,9 @@ from wc_fast.rewards import load_estimator
 from wc_fast.rewards.motion_spread import camera_motion
 from wc_fast.rewards.weights import ASSETS
 
-# the study's rows: each the cpu preset with its changes (studies/rows.yaml), as the
-# ``--section.field VALUE`` arguments of wc_fast.train
+# the study's rows: each the cpu preset with the changes every row makes (``every_row``) and
+# its own (``rows``) from studies/rows.yaml, as the ``--section.field VALUE`` arguments of
+# wc_fast.train
 ROWS_FILE = Path(__file__).resolve().parent / "rows.yaml"
 
 
@@ -90,8 +91,22 @@ def row_args(changes: dict) -> list[str]:
             for arg in (f"--{section}.{field}", _argument(value))]
 
 
-ROWS = {name: row_args(changes or {})
-        for name, changes in yaml.safe_load(ROWS_FILE.read_text()).items()}
+def load_rows(path: Path) -> dict[str, list[str]]:
+    """Each row of a rows file as wc_fast.train arguments: ``every_row``'s changes, then the
+    row's own (a row's value of a field replaces ``every_row``'s)."""
+    study = yaml.safe_load(path.read_text())
+    if not isinstance(study, dict) or set(study) != {"every_row", "rows"}:
+        raise ValueError(f"{path}: expected the keys every_row and rows")
+    rows = {}
+    for name, changes in study["rows"].items():
+        merged = {section: dict(fields) for section, fields in study["every_row"].items()}
+        for section, fields in (changes or {}).items():
+            merged.setdefault(section, {}).update(fields)
+        rows[name] = row_args(merged)
+    return rows
+
+
+ROWS = load_rows(ROWS_FILE)
 # the GRPO family and World-R1's recipe (issue 17): one change each to a family's full row
 GRPO_TITLES = {"flow_grpo": "Flow-GRPO (per-candidate noise)",
                "flow_grpo_same": "Flow-GRPO, one noise per group (DanceGRPO)",
@@ -142,7 +157,8 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "if_only": "paper recipe, IF reward only", "vq_only": "paper recipe, VQ reward only",
           "sde": "paper recipe, same-noise SDE exploration",
           "own_latents": "paper recipe, each candidate's own latents in the update",
-          "recipe": "the default recipe (exploration through the actions)",
+          "recipe": "the recipe without a KL (exploration through the actions; the default "
+                    "until 2026-12-07)",
           "recipe_no_exploration": "default recipe, no exploration in camera motion",
           "recipe_no_pose_branch": "default recipe without the keys-to-motion branch",
           "recipe_if_only": "default recipe, IF reward only",
@@ -153,7 +169,10 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "recipe_if_action_no_exploration": "default recipe, IF credit only for fully right "
                                              "frames, no exploration in camera motion",
           "recipe_render_reader": "default recipe, IF read by re-rendering the world",
-          "recipe_kl": "default recipe with a KL to the initial model (nft.kl_beta 0.1)",
+          "recipe_kl": "the default recipe: a KL to the initial model (nft.kl_beta 0.1)",
+          "recipe_kl_agreement": "the default recipe, IF credited where the estimator and "
+                                 "the camera fit agree",
+          "recipe_kl_fit_reader": "the default recipe, IF read by the camera fit",
           "recipe_warp": "warp recipe: the default with the warp head's exploration instead "
                          "(the previous default)",
           "recipe_sde": "default recipe without exploration in motion, same-noise SDE "

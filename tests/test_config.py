@@ -126,8 +126,7 @@ def test_fsdp2_refuses_what_it_cannot_shard(path, value):
 @pytest.mark.parametrize("path,value", [("rollout.sde_noise", "0"),
                                         ("rollout.candidate_noise", "sde"),
                                         ("rollout.mode", "sample"),
-                                        ("rollout.steps", "1"),
-                                        ("nft.kl_beta", "0.1")])
+                                        ("rollout.steps", "1")])
 def test_flow_grpo_refuses_rollouts_it_cannot_train_on(path, value):
     cfg = C.preset("paper")
     C.apply_override(cfg, path, value)
@@ -135,6 +134,21 @@ def test_flow_grpo_refuses_rollouts_it_cannot_train_on(path, value):
     C.apply_override(cfg, "train.update", "flow_grpo")
     with pytest.raises(ValueError, match=rf"{path} \(with train.update flow_grpo"):
         C.validate(cfg)
+
+
+def test_each_update_reads_its_own_kl_weight():
+    """The recipe's presets set nft.kl_beta 0.1; a Flow-GRPO run of them reads grpo.kl_beta
+    (0: no reference model kept) and the NFT section's weight is not its."""
+    from wc_fast.updates import build_update
+    cfg = C.preset("cpu")
+    assert cfg.nft.kl_beta == 0.1 and build_update(cfg).kl_beta == 0.1
+    C.apply_override(cfg, "train.update", "flow_grpo")
+    C.apply_override(cfg, "rollout.action_exploration", "0")
+    C.validate(cfg)
+    rule = build_update(cfg)
+    assert rule.kl_beta == 0.0 and rule.reference(torch.nn.Linear(2, 2)) is None
+    C.apply_override(cfg, "grpo.kl_beta", "0.04")
+    assert build_update(cfg).kl_beta == 0.04
 
 
 def test_grpo_defaults_are_flow_grpos_and_the_cli_sets_them():

@@ -176,7 +176,24 @@ def test_replicate_rows_are_valid_configs():
             config.apply_override(cfg, path, value)
         config.validate(cfg)
         assert row in replicate.TITLES
-    assert replicate.ROWS["recipe"] == []  # Table 1 is the preset's own default run
+    # every row runs the recipe as the study began it, without a KL; recipe_kl is the default
+    assert replicate.ROWS["recipe"] == ["--nft.kl_beta", "0.0"]
+    default = config.preset("cpu")
+    config.apply_override(default, "nft.kl_beta", replicate.ROWS["recipe_kl"][1])
+    assert config.to_dict(default) == config.to_dict(config.preset("cpu"))
+
+
+def test_rows_files_merge_every_row_under_each_row(tmp_path):
+    replicate = _load("replicate")
+    rows = tmp_path / "rows.yaml"
+    rows.write_text("every_row: {nft: {kl_beta: 0.0}, optim: {lr: 0.001}}\n"
+                    "rows: {a: {}, b: {nft: {kl_beta: 0.1}, rollout: {steps: 4}}}\n")
+    assert replicate.load_rows(rows) == {
+        "a": ["--nft.kl_beta", "0.0", "--optim.lr", "0.001"],
+        "b": ["--nft.kl_beta", "0.1", "--optim.lr", "0.001", "--rollout.steps", "4"]}
+    rows.write_text("a: {}\n")
+    with pytest.raises(ValueError, match="every_row and rows"):
+        replicate.load_rows(rows)
 
 
 def test_replicate_reports_iteration_time_and_the_grpo_ordering(tmp_path):

@@ -122,8 +122,6 @@ def _validate_grpo(cfg: Config) -> None:
              gr.window)
     if cfg.train.update != "flow_grpo":
         return
-    _require(cfg.nft.kl_beta == 0, "nft.kl_beta (with train.update flow_grpo)",
-             "0 (GRPO's KL weight is grpo.kl_beta)", cfg.nft.kl_beta)
     _require(ro.steps >= 2, "rollout.steps (with train.update flow_grpo)",
              "an integer >= 2 (the last step is deterministic, so one step has no noise)",
              ro.steps)
