@@ -37,6 +37,8 @@ from wc_fast.world.motion import (
     action_components,
 )
 from wc_fast.world.render import DEFAULT_FOV_DEG
+from wc_fast.world.render import depth as render_depth
+from wc_fast.world.scene import Scenes
 
 FAR_DEPTH = 1e9  # a point at infinity: translation moves it by under a billionth of a pixel
 INVERSION_STEPS = 6  # Newton steps that turn the forward map into a backward flow
@@ -249,3 +251,18 @@ def true_flow(delta: Tensor, depth: Tensor, fov_deg: float = DEFAULT_FOV_DEG) ->
                          f"{tuple(delta.shape)} and {tuple(depth.shape)}")
     flows = flow_from_target_depth(delta.flatten(0, 1), depth.flatten(0, 1), fov_deg)
     return flows.unflatten(0, delta.shape[:2])
+
+
+def rendered_flow(scenes: Scenes, c2w: Tensor, *, resolution: int,
+                  fov_deg: float = DEFAULT_FOV_DEG) -> tuple[Tensor, Tensor]:
+    """The true flows ``[B, F, 2, H, W]`` (:func:`true_flow`) of clips whose poses are ``c2w``
+    ``[B, F+1, 4, 4]`` (the reference frame first) in ``scenes``, and the reference frames'
+    depth ``[B, H, W]``, both from the world's ray caster at ``resolution``: what a model that
+    follows the camera path exactly predicts, and what :func:`read_path` reads it against."""
+    _check("c2w", c2w, 4)
+    if c2w.shape[1] < 2 or c2w.shape[-2:] != (4, 4):
+        raise ValueError(f"c2w must be [B, F+1, 4, 4] with F >= 1, got {tuple(c2w.shape)}")
+    c2w = c2w.double()
+    depths = render_depth(scenes, c2w, resolution=resolution, fov_deg=fov_deg)
+    delta = torch.linalg.inv(c2w[:, :1]) @ c2w[:, 1:]
+    return true_flow(delta, depths[:, 1:], fov_deg), depths[:, 0]
