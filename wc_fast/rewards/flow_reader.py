@@ -160,15 +160,18 @@ def _refine(flow: Tensor, depth: Tensor, previous: Tensor, params: Tensor, fov_d
     n = flow.shape[0]
     scales = torch.tensor(PARAM_SCALES, dtype=torch.float64)
     eye = torch.eye(4, dtype=torch.float64)
+    # each Gauss-Newton step evaluates the motion and its 4 nudges in one batch of 5P rows
+    nudges = torch.cat([torch.zeros(1, 4, dtype=torch.float64),
+                        eye * torch.tensor(JACOBIAN_STEPS, dtype=torch.float64)])  # [5, 4]
+    poses, depths = previous.repeat_interleave(5, 0), depth.repeat_interleave(5, 0)
     for i in range(iterations):
-        base, valid = implied_flow(previous @ motion_matrix(params), depth, fov_deg)
-        columns = []
-        for k, h in enumerate(JACOBIAN_STEPS):
-            moved, ok = implied_flow(previous @ motion_matrix(params + eye[k] * h), depth,
-                                     fov_deg)
-            columns.append((moved - base) / h * scales[k])
-            valid = valid & ok
-        rows = torch.stack(columns, -1).reshape(n, -1, 4)  # [P, 2*H*W, 4]
+        moved, ok = implied_flow(poses @ motion_matrix((params[:, None] + nudges).flatten(0, 1)),
+                                 depths, fov_deg)
+        moved, ok = moved.unflatten(0, (n, 5)), ok.unflatten(0, (n, 5))
+        base, valid = moved[:, 0], ok.all(1)
+        rows = ((moved[:, 1:] - base[:, None]).permute(0, 2, 3, 4, 1)
+                / torch.tensor(JACOBIAN_STEPS, dtype=torch.float64) * scales)
+        rows = rows.reshape(n, -1, 4)  # [P, 2*H*W, 4]
         residual = (base - flow).reshape(n, -1)
         weight = valid[:, None].expand(-1, 2, -1, -1).reshape(n, -1).double()
         robust = max(ROBUST_SCALE, ROBUST_START * 0.5**i)  # graduated: wide, then narrow
