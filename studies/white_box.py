@@ -14,6 +14,9 @@ and five readers label each clip by the evaluation's rule and thresholds:
 
 - ``white box``: the camera path that explains the predicted flow against the prompt's true
   depth (:func:`wc_fast.rewards.flow_reader.read_path`), no learned weights, no pixels read;
+- ``white box textured``: the same, each pixel weighted by the warp-only frame's texture
+  (:func:`~wc_fast.rewards.flow_reader.texture_weights`): the flow where it shows in the frame
+  (where a frame is flat, nothing trains the flow);
 - ``fit`` and ``estimator``: the classical camera fit and the evaluation estimator on the
   generated frames (what the evaluation reports);
 - ``fit warp`` and ``estimator warp``: the same two on the warp-only frames (the prompt warped
@@ -32,6 +35,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from rich import box
@@ -47,7 +51,8 @@ from wc_fast.evaluation.bootstrap import paired_bootstrap
 from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.camera_fit import fit_path
-from wc_fast.rewards.flow_reader import read_path, rendered_flow
+from wc_fast.rewards.estimators import LearnedEstimator
+from wc_fast.rewards.flow_reader import read_path, rendered_flow, texture_weights
 from wc_fast.rewards.interaction import action_accuracy
 from wc_fast.rollout import prompt_cache
 from wc_fast.runtime import generator
@@ -55,7 +60,10 @@ from wc_fast.sampler import ClipSampler
 from wc_fast.world import sample_sequences
 from wc_fast.world.dataset import sequence_scenes
 
-READERS = ("white box", "fit", "estimator", "fit warp", "estimator warp")
+if TYPE_CHECKING:
+    from wc_fast.models.pretrained import EmbeddedModel
+
+READERS = ("white box", "white box textured", "fit", "estimator", "fit warp", "estimator warp")
 BASE = "base"
 
 
@@ -72,8 +80,8 @@ def resolve(name: str) -> str | None:
     return str(path)
 
 
-def generate_clip1(model, prompts: Tensor, actions: Tensor, *, settings: EvalSettings,
-                   seed: int) -> dict[str, Tensor]:
+def generate_clip1(model: EmbeddedModel, prompts: Tensor, actions: Tensor, *,
+                   settings: EvalSettings, seed: int) -> dict[str, Tensor]:
     """Clip 1 of each sequence, as :func:`wc_fast.eval.rollout_sequences` generates it from
     prompts ``[n, 1, C, H, W]`` and commands ``[n, F]`` (one history each, noise from the
     stream ``(seed, sequence, "eval")``): ``frames`` and ``warp_only`` ``[n, 1+F, C, H, W]``
@@ -108,20 +116,25 @@ def accuracy(c2w: Tensor, actions: Tensor, settings: EvalSettings) -> Tensor:
 
 
 def read_all(frames: Tensor, warp_only: Tensor | None, flow: Tensor, depth: Tensor,
-             actions: Tensor, settings: EvalSettings, estimator) -> dict[str, Tensor]:
+             actions: Tensor, settings: EvalSettings, estimator: LearnedEstimator
+             ) -> dict[str, Tensor]:
     """Each reader's per-sequence accuracy ``[n]`` (:data:`READERS`; the two warp-only readers
     when ``warp_only`` is given) of clips ``[n, 1+F, C, H, W]`` whose flow from the prompt is
-    ``flow`` ``[n, F, 2, H, W]`` and the prompt's true depth ``depth`` ``[n, H, W]``."""
+    ``flow`` ``[n, F, 2, H, W]`` and the prompt's true depth ``depth`` ``[n, H, W]``; the
+    textured white box weighs the warp-only frames' texture (the frames' own without them)."""
+    shown = (frames if warp_only is None else warp_only)[:, 1:]
     with torch.no_grad():
-        paths = {"white box": read_path(flow, depth), "fit": fit_path(frames),
-                 "estimator": estimator(frames)}
+        paths = {"white box": read_path(flow, depth),
+                 "white box textured": read_path(flow, depth, texture_weights(shown)),
+                 "fit": fit_path(frames), "estimator": estimator(frames)}
         if warp_only is not None:
             paths |= {"fit warp": fit_path(warp_only), "estimator warp": estimator(warp_only)}
     return {name: accuracy(c2w, actions, settings) for name, c2w in paths.items()}
 
 
 def study(names: Sequence[str], settings: EvalSettings, *, device: torch.device,
-          estimator=None, console: Console | None = None) -> dict:
+          estimator: LearnedEstimator | None = None, console: Console | None = None
+          ) -> dict:
     """The JSON-ready result: ``truth[set][reader]`` (the true renders' accuracy by each
     reader), ``models[name][set]`` (each reader's mean accuracy, the mean absolute residual
     and ``per_sequence`` values) and ``changes[name][set][reader]`` (the paired bootstrap of
@@ -164,7 +177,7 @@ def study(names: Sequence[str], settings: EvalSettings, *, device: torch.device,
 def print_result(result: dict, console: Console) -> None:
     """Each model's accuracy by reader per set (the true renders first), then each
     checkpoint's change from the base with its 95% interval."""
-    headers = ("white\nbox", "fit", "est", "fit\nwarp", "est\nwarp")
+    headers = ("white\nbox", "white\ntextured", "fit", "est", "fit\nwarp", "est\nwarp")
     table = Table(title="clip-1 accuracy by reader (white box: the model's own flow)",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("model")

@@ -16,6 +16,7 @@ from wc_fast.rewards.flow_reader import (
     implied_flow,
     read_path,
     rendered_flow,
+    texture_weights,
 )
 from wc_fast.rewards.interaction import action_accuracy, relative_motion
 from wc_fast.world import sample_sequences
@@ -108,6 +109,27 @@ def test_read_path_is_the_same_batched_and_alone_and_rejects_bad_shapes():
         read_path(flow, depth[:1])
     with pytest.raises(TypeError, match="flow"):
         read_path(flow.long(), depth)
+    with pytest.raises(ValueError, match="weights"):
+        read_path(flow, depth, torch.ones(2, 4, 32, 31))
+    with pytest.raises(ValueError, match="weights"):
+        read_path(flow, depth, torch.zeros(2, 4, 32, 32))
+
+
+def test_texture_weights_read_the_true_path_and_ignore_what_they_weigh_zero():
+    data, scenes = _clips(3, "composite", 1)
+    flow, depth = rendered_flow(scenes, data.c2w, resolution=32)
+    weights = texture_weights(data.frames[:, 1:])
+    assert weights.shape == (3, 4, 32, 32) and bool((weights > 0).all())
+    assert weights.amax() > 100 * weights.amin()
+    truth = relative_motion(data.c2w.double())
+    path = read_path(flow, depth, weights)
+    assert (relative_motion(path) - truth).abs().amax() < 0.02
+    # a flow scrambled on the left half is read right when the left half weighs nothing
+    scrambled = flow.clone()
+    scrambled[..., :16] = torch.randn_like(scrambled[..., :16]) * 5
+    right = torch.zeros_like(weights)
+    right[..., 16:] = 1.0
+    assert (relative_motion(read_path(scrambled, depth, right)) - truth).abs().amax() < 0.02
 
 
 @pytest.mark.parametrize("offset,kind", list(enumerate(KINDS)))

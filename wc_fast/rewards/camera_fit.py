@@ -120,7 +120,7 @@ def _blur(img: Tensor, sigma: float) -> Tensor:
     return out[:, 0]
 
 
-def _gradients(img: Tensor) -> tuple[Tensor, Tensor]:
+def gradients(img: Tensor) -> tuple[Tensor, Tensor]:
     """Central differences of ``[P, H, W]`` (zero on the border)."""
     gx, gy = torch.zeros_like(img), torch.zeros_like(img)
     gx[:, :, 1:-1] = (img[:, :, 2:] - img[:, :, :-2]) / 2
@@ -173,7 +173,7 @@ def fit_pairs(prev: Tensor, cur: Tensor, pitch_deg: Tensor, height: Tensor,
     eye = torch.eye(4, dtype=torch.float64)
     for sigma in BLUR_SIGMAS:
         a, b = _blur(prev.double(), sigma), _blur(cur.double(), sigma)
-        gxa, gya = _gradients(a)
+        gxa, gya = gradients(a)
         for _ in range(ITERATIONS):
             depth = room * torch.exp(correction[:, patch])
             base = _project(params, depth, fov_deg)
@@ -181,7 +181,7 @@ def fit_pairs(prev: Tensor, cur: Tensor, pitch_deg: Tensor, height: Tensor,
                                       for k, h in enumerate(JACOBIAN_STEPS)], -1)
             depth_jac = (_project(params, depth * 1.01, fov_deg) - base) / 0.01
             warped, inside = sample(b, base)
-            gxb, gyb = _gradients(warped)
+            gxb, gyb = gradients(warped)
             gx, gy = (gxa + gxb) / 2, (gya + gyb) / 2
             residual = (warped - a).reshape(n, -1)
             motion_rows = (gx[..., None] * motion_jac[..., 0, :]

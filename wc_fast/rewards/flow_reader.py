@@ -25,6 +25,8 @@ from wc_fast.actions import NUM_ACTIONS
 from wc_fast.rewards.camera_fit import (
     JACOBIAN_STEPS,
     PARAM_SCALES,
+    gradients,
+    luminance,
     motion_matrix,
     pixel_rays,
     project,
@@ -130,14 +132,17 @@ def implied_flow(delta: Tensor, depth: Tensor, fov_deg: float = DEFAULT_FOV_DEG
     return (source - centres).permute(0, 3, 1, 2), inside & (miss < CONVERGED_PX)
 
 
-def _cost(flow: Tensor, depth: Tensor, pose: Tensor, fov_deg: float, scale: float) -> Tensor:
+def _cost(flow: Tensor, depth: Tensor, pose: Tensor, weights: Tensor, fov_deg: float,
+          scale: float) -> Tensor:
     """Robust misfit ``[P]`` of the implied flow of camera poses ``pose`` ``[P, 4, 4]`` to
-    ``flow`` ``[P, 2, H, W]``: the mean over pixels of the Cauchy loss of scale ``scale``
-    (pixels), capped at :data:`OUTLIER_COST`, which a pixel where the implied flow is
-    undefined counts (so a motion cannot look good by leaving the frame)."""
+    ``flow`` ``[P, 2, H, W]``: the mean over pixels (weighted by ``weights`` ``[P, H, W]``) of
+    the Cauchy loss of scale ``scale`` (pixels), capped at :data:`OUTLIER_COST`, which a
+    pixel where the implied flow is undefined counts (so a motion cannot look good by leaving
+    the frame)."""
     implied, valid = implied_flow(pose, depth, fov_deg)
     loss = torch.log1p(((implied - flow).norm(dim=1) / scale) ** 2)
-    return torch.where(valid, loss.clamp(max=OUTLIER_COST), OUTLIER_COST).mean((1, 2))
+    loss = torch.where(valid, loss.clamp(max=OUTLIER_COST), OUTLIER_COST)
+    return (loss * weights).sum((1, 2)) / weights.sum((1, 2))
 
 
 def action_starts() -> Tensor:
@@ -151,12 +156,13 @@ def action_starts() -> Tensor:
     return torch.cat([t[:, [0, 2]], angles], -1)
 
 
-def _refine(flow: Tensor, depth: Tensor, previous: Tensor, params: Tensor, fov_deg: float,
-            iterations: int) -> Tensor:
+def _refine(flow: Tensor, depth: Tensor, previous: Tensor, params: Tensor, weights: Tensor,
+            fov_deg: float, iterations: int) -> Tensor:
     """``iterations`` damped Gauss-Newton steps on the motions ``params`` ``[P, 4]`` of
-    :func:`fit_step`'s problem (finite-difference Jacobians, each pixel's residual under a
-    Cauchy weight of scale :data:`ROBUST_START` halved each step down to
-    :data:`ROBUST_SCALE`, pixels where the implied flow is undefined left out)."""
+    :func:`fit_step`'s problem (finite-difference Jacobians, each pixel's residual weighted by
+    ``weights`` ``[P, H, W]`` and a Cauchy weight of scale :data:`ROBUST_START` halved each
+    step down to :data:`ROBUST_SCALE`, pixels where the implied flow is undefined left
+    out)."""
     n = flow.shape[0]
     scales = torch.tensor(PARAM_SCALES, dtype=torch.float64)
     eye = torch.eye(4, dtype=torch.float64)
@@ -173,7 +179,7 @@ def _refine(flow: Tensor, depth: Tensor, previous: Tensor, params: Tensor, fov_d
                 / torch.tensor(JACOBIAN_STEPS, dtype=torch.float64) * scales)
         rows = rows.reshape(n, -1, 4)  # [P, 2*H*W, 4]
         residual = (base - flow).reshape(n, -1)
-        weight = valid[:, None].expand(-1, 2, -1, -1).reshape(n, -1).double()
+        weight = (valid * weights)[:, None].expand(-1, 2, -1, -1).reshape(n, -1).double()
         robust = max(ROBUST_SCALE, ROBUST_START * 0.5**i)  # graduated: wide, then narrow
         weight = weight / (1 + (residual / robust) ** 2)
         normal = (rows * weight[..., None]).transpose(1, 2) @ rows
@@ -185,11 +191,13 @@ def _refine(flow: Tensor, depth: Tensor, previous: Tensor, params: Tensor, fov_d
 
 
 def fit_step(flow: Tensor, depth: Tensor, previous: Tensor, starts: Tensor,
-             fov_deg: float = DEFAULT_FOV_DEG, iterations: int = ITERATIONS) -> Tensor:
+             weights: Tensor | None = None, fov_deg: float = DEFAULT_FOV_DEG,
+             iterations: int = ITERATIONS) -> Tensor:
     """The motion ``[P, 4]`` (tx, tz, yaw deg, pitch deg; float64) of one frame from the one
     before it, at pose ``previous`` ``[P, 4, 4]`` in the reference camera's frame, whose
     implied flow (:func:`implied_flow` of ``previous @ motion_matrix(step)``) best matches
-    ``flow`` ``[P, 2, H, W]`` against the reference's ``depth`` ``[P, H, W]``.
+    ``flow`` ``[P, 2, H, W]`` against the reference's ``depth`` ``[P, H, W]``, each pixel
+    weighted by ``weights`` ``[P, H, W]`` (>= 0; all alike when None).
 
     The :data:`REFINED` candidate ``starts`` ``[P, S, 4]`` of least misfit (at the wide
     scale :data:`ROBUST_START`) are each refined by :func:`_refine`; the result is the
@@ -201,28 +209,37 @@ def fit_step(flow: Tensor, depth: Tensor, previous: Tensor, starts: Tensor,
                          f"{tuple(starts.shape)}")
     n, count = starts.shape[:2]
     keep = min(REFINED, count)
+    if weights is None:
+        weights = torch.ones_like(depth, dtype=torch.float64)
+    elif weights.shape != depth.shape or not bool((weights >= 0).all()) \
+            or not bool((weights.sum((1, 2)) > 0).all()):
+        raise ValueError(f"weights must be [P, H, W] like depth {tuple(depth.shape)}, >= 0 "
+                         f"and not all 0, got {tuple(weights.shape)}")
 
     def tiled(x: Tensor, times: int) -> Tensor:
         return x.repeat_interleave(times, 0)
 
     cost = _cost(tiled(flow, count), tiled(depth, count),
-                 tiled(previous, count) @ motion_matrix(starts.flatten(0, 1)), fov_deg,
-                 ROBUST_START).reshape(n, count)
+                 tiled(previous, count) @ motion_matrix(starts.flatten(0, 1)),
+                 tiled(weights, count), fov_deg, ROBUST_START).reshape(n, count)
     best = starts.double().gather(1, cost.topk(keep, 1, largest=False).indices[..., None]
                                   .expand(-1, -1, 4)).flatten(0, 1)
     refined = _refine(tiled(flow, keep), tiled(depth, keep), tiled(previous, keep), best,
-                      fov_deg, iterations)
+                      tiled(weights, keep), fov_deg, iterations)
     final = _cost(tiled(flow, keep), tiled(depth, keep),
-                  tiled(previous, keep) @ motion_matrix(refined), fov_deg, ROBUST_SCALE)
+                  tiled(previous, keep) @ motion_matrix(refined), tiled(weights, keep),
+                  fov_deg, ROBUST_SCALE)
     choice = final.reshape(n, keep).argmin(1)
     return refined.reshape(n, keep, 4)[torch.arange(n), choice]
 
 
-def read_path(flow: Tensor, depth: Tensor, fov_deg: float = DEFAULT_FOV_DEG,
-              iterations: int = ITERATIONS) -> Tensor:
+def read_path(flow: Tensor, depth: Tensor, weights: Tensor | None = None,
+              fov_deg: float = DEFAULT_FOV_DEG, iterations: int = ITERATIONS) -> Tensor:
     """The camera path ``[B, F+1, 4, 4]`` (float64, the reference's pose the identity) that
     explains a clip's predicted flow ``[B, F, 2, H, W]`` (each frame's from the reference
-    frame) against the reference frame's depth ``[B, H, W]``: frame by frame, each step
+    frame) against the reference frame's depth ``[B, H, W]``, each pixel of frame ``k``
+    weighted by ``weights[:, k]`` (``[B, F, H, W]``; all alike when None; see
+    :func:`texture_weights`): frame by frame, each step
     fitted by :func:`fit_step` from the one before it, started from the best of the previous
     step's motion (a key press holds its motion) and :func:`action_starts`, so the path is
     chained from per-frame steps of the world's motion model, as the evaluation's labels read
@@ -233,12 +250,16 @@ def read_path(flow: Tensor, depth: Tensor, fov_deg: float = DEFAULT_FOV_DEG,
     if channels != 2 or h != w or depth.shape != (b, h, w):
         raise ValueError(f"flow must be [B, F, 2, H, H] and depth [B, H, H] with the same B "
                          f"and H, got {tuple(flow.shape)} and {tuple(depth.shape)}")
+    if weights is not None and weights.shape != (b, frames, h, w):
+        raise ValueError(f"weights must be [B, F, H, W] = {(b, frames, h, w)}, got "
+                         f"{tuple(weights.shape)}")
     poses = [torch.eye(4, dtype=torch.float64).expand(b, 4, 4)]
     grid = action_starts().expand(b, -1, -1)
     step = torch.zeros(b, 4, dtype=torch.float64)
     for k in range(frames):
         starts = torch.cat([step[:, None], grid], 1)
-        step = fit_step(flow[:, k], depth, poses[-1], starts, fov_deg, iterations)
+        step = fit_step(flow[:, k], depth, poses[-1], starts,
+                        None if weights is None else weights[:, k], fov_deg, iterations)
         poses.append(poses[-1] @ motion_matrix(step))
     return torch.stack(poses, 1)
 
@@ -269,3 +290,14 @@ def rendered_flow(scenes: Scenes, c2w: Tensor, *, resolution: int,
     depths = render_depth(scenes, c2w, resolution=resolution, fov_deg=fov_deg)
     delta = torch.linalg.inv(c2w[:, :1]) @ c2w[:, 1:]
     return true_flow(delta, depths[:, 1:], fov_deg), depths[:, 0]
+
+
+def texture_weights(frames: Tensor) -> Tensor:
+    """Per-pixel weights ``[B, F, H, W]`` of a clip's frames ``[B, F, 3, H, W]`` in [-1, 1]:
+    the magnitude of their luminance gradient (plus a floor of 1e-3), where a flow error
+    changes the frame. A warp model learns its flow only from the frames it draws, so where
+    the frame is flat its flow is unconstrained; weighting by the warp-only frames' texture
+    reads the flow where it shows."""
+    lum = luminance(_check("frames", frames, 5)).flatten(0, 1)
+    gx, gy = gradients(lum)
+    return ((gx**2 + gy**2).sqrt() + 1e-3).reshape(frames.shape[:2] + frames.shape[-2:])
