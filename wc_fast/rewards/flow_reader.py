@@ -4,14 +4,16 @@ A ``prediction="warp"`` world model draws each frame of a clip as the clip's ref
 warped by a predicted flow (:func:`wc_fast.models.tiny_dit.warp`), plus a residual. Knowing
 the reference frame's true depth, a camera motion implies a flow; the motion whose implied
 flow best matches the predicted one is what the model's geometry did, read without any
-learned weights and without looking at the frames (a residual that paints motion the flow
-does not carry is invisible to this reader).
+learned weights (a residual that paints motion the flow does not carry is invisible to this
+reader). Every pixel of the flow counts alike, or as much as the frame's texture there
+(:func:`texture_weights`: where the flow shows in the frame).
 
 Conventions. Flow ``[B, F, 2, H, W]`` in pixels, channel 0 along x (right) and 1 along y
 (down), a backward map: output pixel ``p`` of frame ``k`` samples the reference frame at
 ``p + flow[:, k, :, p]``, and frame ``k``'s flow is from the reference frame, not from frame
-``k - 1``. Depth ``[B, H, W]``: the reference frame's camera z (:func:`wc_fast.world.render.
-depth`); a non-finite or non-positive depth is a point at infinity, which only rotation moves.
+``k - 1``. Depth ``[B, H, W]``: the reference frame's camera z
+(:func:`wc_fast.world.render.depth`); a non-finite or non-positive depth is a point at
+infinity, which only rotation moves.
 Motions (tx, tz, yaw deg, pitch deg) and poses as :mod:`wc_fast.rewards.camera_fit`:
 ``c2w[k] = c2w[k-1] @ motion_matrix(step_k)``, the reference's pose the identity.
 """
