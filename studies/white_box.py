@@ -49,6 +49,7 @@ from wc_fast.config import build_preset
 from wc_fast.eval import EVAL_SEED, KINDS, EvalSettings
 from wc_fast.evaluation.bootstrap import paired_bootstrap
 from wc_fast.models.pretrained import load_checkpoint_model
+from wc_fast.models.tiny_dit import X0_MIN_SIGMA
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.camera_fit import fit_path
 from wc_fast.rewards.estimators import LearnedEstimator
@@ -89,6 +90,10 @@ def generate_clip1(model: EmbeddedModel, prompts: Tensor, actions: Tensor, *,
     mean absolute ``residual`` ``[n]``."""
     device = next(model.parameters()).device
     sampler = ClipSampler(model, steps=settings.steps, shift=settings.shift, capture="eager")
+    if sampler.sigmas[-2] < X0_MIN_SIGMA:
+        raise ValueError(f"the sampler's last step starts at sigma {sampler.sigmas[-2]:.3f}, "
+                         f"below X0_MIN_SIGMA = {X0_MIN_SIGMA}: its clip is not the head's "
+                         f"(take fewer steps or a larger shift)")
     out: dict[str, list[Tensor]] = {"frames": [], "warp_only": [], "flow": [], "residual": []}
     with torch.no_grad():
         for i in range(prompts.shape[0]):

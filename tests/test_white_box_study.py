@@ -58,3 +58,11 @@ def test_the_study_runs_end_to_end_and_reports_changes(tmp_path, base, capsys):
         white_box.main(["--checkpoints", str(tmp_path / "missing")])
     with pytest.raises(SystemExit):
         white_box.main(["--clips", "2"])
+
+
+def test_a_schedule_whose_last_step_is_not_the_heads_clip_is_refused(base):
+    data = sample_sequences(1, num_clips=1, seed=EVAL_SEED)
+    fine = EvalSettings(sequences=1, clips=1, steps=40, shift=1.0)  # last sigma 0.025
+    with pytest.raises(ValueError, match="X0_MIN_SIGMA"):
+        white_box.generate_clip1(base, data.frames[:, :1], data.actions, settings=fine,
+                                 seed=EVAL_SEED)

@@ -166,7 +166,9 @@ class ClipSampler:
         sampling :meth:`sample` runs from ``noise`` (``step_noise``, ``offsets`` as there;
         eager): that step goes to sigma 0, where the Euler update ``x - s v`` of an
         x0-predicting head returns the head's clip, so the sampled clip is
-        ``warped + residual`` (before the model bounds it). Only for a model with a warp head
+        ``warped + residual`` (before the model bounds it; exactly so while the last step's
+        sigma is at least the head's smallest divisor, ``X0_MIN_SIGMA`` of
+        :mod:`wc_fast.models.tiny_dit`). Only for a model with a warp head
         (``warp_parts``, :class:`~wc_fast.models.tiny_dit.TinyWorldDiT` with
         ``prediction="warp"``)."""
         parts = getattr(self.model, "warp_parts", None)
