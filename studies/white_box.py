@@ -180,36 +180,35 @@ def study(names: Sequence[str], settings: EvalSettings, *, device: torch.device,
 
 
 def print_result(result: dict, console: Console) -> None:
-    """Each model's accuracy by reader per set (the true renders first), then each
-    checkpoint's change from the base with its 95% interval."""
-    headers = ("white\nbox", "white\ntextured", "fit", "est", "fit\nwarp", "est\nwarp")
-    table = Table(title="clip-1 accuracy by reader (white box: the model's own flow)",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("model")
-    table.add_column("set")
-    for header in headers:
-        table.add_column(header, justify="right")
-    table.add_column("mean\n|res|", justify="right")
-    for kind, row in result["truth"].items():
-        table.add_row("true renders", kind, *(f"{row[r]:.3f}" if r in row else "-"
-                                              for r in READERS), "-")
-    for name, sets in result["models"].items():
-        for kind, row in sets.items():
-            table.add_row(Path(name).name, kind, *(f"{row[r]:.3f}" for r in READERS),
-                          f"{row['residual']:.3f}")
-    console.print(table)
-    for name, sets in result["changes"].items():
-        changes = Table(title=f"{Path(name).name}: change from "
-                              f"{Path(next(iter(result['models']))).name} [paired 95% interval]",
-                        box=box.SIMPLE_HEAD, pad_edge=False)
-        changes.add_column("reader")
+    """One table per model (the true renders first): each reader's clip-1 accuracy per set
+    and the mean absolute residual; then each checkpoint's change from the base per reader
+    and set with its 95% interval."""
+    blocks = [("true renders (each reader's ceiling)", result["truth"])]
+    blocks += [(f"{Path(name).name}: clip-1 accuracy by reader", sets)
+               for name, sets in result["models"].items()]
+    for title, sets in blocks:
+        table = Table(title=title, box=box.SIMPLE_HEAD)
+        table.add_column("reader")
         for kind in sets:
-            changes.add_column(kind, justify="right")
+            table.add_column(kind, justify="right")
         for reader in READERS:
-            changes.add_row(reader, *(f"{row[reader]['change']:+.3f} "
-                                      f"[{row[reader]['low']:+.3f}, {row[reader]['high']:+.3f}]"
-                                      for row in sets.values()))
-        console.print(changes)
+            if reader in next(iter(sets.values())):
+                table.add_row(reader, *(f"{row[reader]:.3f}" for row in sets.values()))
+        if "residual" in next(iter(sets.values())):
+            table.add_row("mean |residual|", *(f"{row['residual']:.3f}"
+                                               for row in sets.values()))
+        console.print(table)
+    base = Path(next(iter(result["models"]))).name
+    for name, sets in result["changes"].items():
+        table = Table(title=f"{Path(name).name}: change from {base} (paired bootstrap)",
+                      box=box.SIMPLE_HEAD)
+        for column in ("set", "reader", "change", "95% low", "95% high"):
+            table.add_column(column, justify="left" if column in ("set", "reader") else "right")
+        for kind, row in sets.items():
+            for reader in READERS:
+                table.add_row(kind if reader == READERS[0] else "", reader,
+                              *(f"{row[reader][key]:+.3f}" for key in ("change", "low", "high")))
+        console.print(table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
