@@ -233,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = list(dict.fromkeys(args.checkpoints))
         for name in names:
             resolve(name)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, checkpoint.CheckpointError) as err:
         parser.error(str(err))
     settings = EvalSettings.from_config(build_preset(args.preset), sequences=args.sequences,
                                         clips=1, seed=args.seed)

@@ -66,3 +66,16 @@ def test_a_schedule_whose_last_step_is_not_the_heads_clip_is_refused(base):
     with pytest.raises(ValueError, match="X0_MIN_SIGMA"):
         white_box.generate_clip1(base, data.frames[:, :1], data.actions, settings=fine,
                                  seed=EVAL_SEED)
+
+
+def test_a_run_directory_is_read_at_its_latest_checkpoint(tmp_path):
+    assert white_box.resolve("base") is None
+    weights = tmp_path / "m.safetensors"
+    weights.write_bytes(b"")
+    assert white_box.resolve(str(weights)) == str(weights)
+    for step in (1, 2):
+        (tmp_path / "run" / f"step_{step:08d}").mkdir(parents=True)
+    assert white_box.resolve(str(tmp_path / "run")) == str(tmp_path / "run" / "step_00000002")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit):
+        white_box.main(["--checkpoints", str(tmp_path / "empty")])
