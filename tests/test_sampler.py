@@ -1,11 +1,14 @@
 """The clip sampler: exact integration, replay by noise, SDE variant, compiled and graph paths."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
 
 from wc_fast.config import ModelConfig
 from wc_fast.models import ContextCache, TinyWorldDiT
+from wc_fast.models.tiny_dit import warp
 from wc_fast.sampler import ClipSampler, sigma_schedule
 
 CFG = ModelConfig(resolution=8, channels=3, clip_frames=2, patch=4, dim=32, depth=2, heads=2)
@@ -155,3 +158,34 @@ def test_compile_does_not_recompile_on_replay():
     before = dict(dynamo_utils.counters["stats"])
     sampler.sample(cache, actions, num=3)
     assert dynamo_utils.counters["stats"].get("unique_graphs", 0) == before.get("unique_graphs", 0)
+
+
+def test_the_warp_heads_final_parts_sum_to_the_sampled_clip():
+    torch.manual_seed(0)
+    model = TinyWorldDiT(dataclasses.replace(CFG, prediction="warp", reference_frame=True))
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.any():
+                p.normal_(std=0.2)
+    model.eval()
+    cache = _cache(model)
+    sampler = ClipSampler(model, steps=4, capture="eager")
+    actions = torch.tensor([9, 1])
+    noise = sampler.initial_noise(actions, num=3, generator=torch.Generator().manual_seed(1))
+    sampled = sampler.sample(cache, actions, num=3, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(sampled.noise, noise)
+    parts = sampler.final_parts(cache, actions, noise)
+    assert parts.flow.shape == (3, 2, 2, 8, 8) and parts.residual.shape == (3, 2, 3, 8, 8)
+    assert parts.flow.abs().amax() > 0.1
+    # the last Euler step to sigma 0 returns the head's clip: warped reference plus residual
+    torch.testing.assert_close(parts.warped + parts.residual, sampled.clips, rtol=1e-5,
+                               atol=1e-5)
+    reference = cache.last_frame[:, None].expand(3, 2, -1, -1, -1)
+    torch.testing.assert_close(parts.warped, warp(reference, parts.flow))
+    with pytest.raises(TypeError, match="warp head"):
+        ClipSampler(PointMassFlow(torch.zeros(1, 2, 3, 8, 8))).final_parts(
+            ContextCache(), actions, torch.zeros(1, 2, 3, 8, 8))
+    with pytest.raises(ValueError, match="noise"):
+        sampler.final_parts(cache, actions, noise[:, :1])
+    with pytest.raises(ValueError, match="prediction='warp'"):
+        _tiny_model().warp_parts(noise, torch.ones(3), actions, _cache(_tiny_model()))

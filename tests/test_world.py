@@ -240,3 +240,37 @@ def test_pitch_composition_matches_the_label_rule():
     assert torch.allclose(yaw, torch.tensor([s, s, -s, -s], dtype=torch.float64))
     assert torch.allclose(pitch, torch.tensor([s, -s, s, -s], dtype=torch.float64))
     assert math.isclose(float(action_deltas(torch.tensor(0)).trace()), 4.0)
+
+
+def test_depth_is_the_camera_z_of_the_floor_and_ceiling_of_an_empty_room():
+    from wc_fast.rewards.camera_fit import prior_depth
+    from wc_fast.world.render import depth
+    from wc_fast.world.scene import sample_scenes
+
+    scenes = sample_scenes(2, torch.Generator().manual_seed(5))
+    for name in ("box_lo", "box_hi", "pillar"):  # every box and pillar outside the walls
+        setattr(scenes, name, torch.full_like(getattr(scenes, name), 1000.0))
+    pitch = torch.tensor([15.0, -10.0], dtype=torch.float64)
+    c2w = torch.eye(4, dtype=torch.float64).repeat(2, 1, 1, 1)
+    c2w[:, 0, :3, :3] = rot_x(pitch)  # at the room's centre, height 0, pitched
+    got = depth(scenes, c2w, resolution=32)
+    assert got.shape == (2, 1, 32, 32) and bool(torch.isfinite(got).all())
+    # the canonical room's floor and ceiling are this world's; its walls are not (only the
+    # pixels that see the floor or the ceiling, nearer than any wall, are compared)
+    prior = prior_depth(32, pitch, torch.zeros(2))
+    near = prior < 2.5
+    assert near.sum() > 200
+    torch.testing.assert_close(got[:, 0][near].double(), prior[near], rtol=1e-5, atol=1e-5)
+    # pitched up, the camera looks at the ceiling head on and at the floor obliquely
+    assert bool((got[0, 0, -1] > got[0, 0, 0]).all())
+
+
+def test_depth_rejects_poses_that_do_not_match_the_scenes():
+    from wc_fast.world.render import depth
+    from wc_fast.world.scene import sample_scenes
+
+    scenes = sample_scenes(2, torch.Generator().manual_seed(5))
+    with pytest.raises(ValueError, match="c2w"):
+        depth(scenes, torch.eye(4).repeat(3, 1, 1, 1))
+    with pytest.raises(ValueError, match="c2w"):
+        depth(scenes, torch.eye(4).repeat(2, 1, 1))

@@ -62,6 +62,13 @@ def _extend(model: WorldModel, cache: ContextCache, frames: Tensor, actions: Ten
     return model.extend_cache(cache, frames, actions, sigma=model.context_sigma)
 
 
+def prompt_cache(model: WorldModel, prompt: Tensor) -> ContextCache:
+    """The cache of a world prompt ``[1, 1, C, H, W]`` alone (its action 0), what the first
+    clip of a sequence is sampled against."""
+    return _extend(model, model.empty_cache(), prompt,
+                   torch.zeros(1, 1, dtype=torch.long, device=prompt.device))
+
+
 def generate_history(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
                      actions: Tensor, clips: int, gen: torch.Generator
                      ) -> tuple[Tensor, Tensor, ContextCache]:
@@ -70,7 +77,7 @@ def generate_history(model: WorldModel, sampler: ClipSampler, prompt: Tensor,
     device = prompt.device
     frame_actions = torch.cat([torch.zeros(1, dtype=torch.long, device=device),
                                actions[:clips * f]])[None]
-    cache = _extend(model, model.empty_cache(), prompt, frame_actions[:, :1])
+    cache = prompt_cache(model, prompt)
     frames = [prompt]
     for c in range(clips):
         clip_actions = actions[c * f:(c + 1) * f]

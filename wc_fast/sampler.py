@@ -31,6 +31,9 @@ from wc_fast.models.protocol import ContextCache, WorldModel
 from wc_fast.noise_warp import warp_noise
 from wc_kernels import sde_log_prob
 
+if typing.TYPE_CHECKING:
+    from wc_fast.models.tiny_dit import WarpParts
+
 CAPTURE_MODES = typing.get_args(Capture)
 CANDIDATE_NOISE_MODES = typing.get_args(CandidateNoise)
 # per-candidate keyword inputs of a model's velocity, by name (see ClipSampler.sample)
@@ -135,10 +138,7 @@ class ClipSampler:
         device = self._device()
         shape = self._clip_shape(num)
         if noise is None:
-            drawn = shape if self.candidate_noise == "independent" else (1, *shape[1:])
-            noise = torch.randn(drawn, generator=generator, device=device
-                                ).expand(shape).contiguous()
-            noise = self._warped(noise, actions)
+            noise = self.initial_noise(actions, num=num, generator=generator)
         elif tuple(noise.shape) != shape:
             raise ValueError(f"noise must have shape {shape}, got {tuple(noise.shape)}")
         if self.candidate_noise == "sde" and step_noise is None:
@@ -147,6 +147,46 @@ class ClipSampler:
         with torch.no_grad():
             clips = self._integrate(noise, cache, actions.to(device), step_noise, offsets)
         return SampledClips(clips=clips, noise=noise, step_noise=step_noise)
+
+    def initial_noise(self, actions: Tensor, *, num: int,
+                      generator: torch.Generator | None = None) -> Tensor:
+        """The initial noise ``[num, F, C, H, W]`` :meth:`sample` draws from ``generator`` when
+        given none: one per candidate (or one shared, ``candidate_noise="sde"``), warped by the
+        ``actions`` with ``noise_warp``."""
+        shape = self._clip_shape(num)
+        drawn = shape if self.candidate_noise == "independent" else (1, *shape[1:])
+        noise = torch.randn(drawn, generator=generator, device=self._device()
+                            ).expand(shape).contiguous()
+        return self._warped(noise, actions)
+
+    def final_parts(self, cache: ContextCache, actions: Tensor, noise: Tensor, *,
+                    step_noise: Tensor | None = None, offsets: Offsets | None = None
+                    ) -> WarpParts:
+        """The warp head's flow, warped reference and residual at the last step of the
+        sampling :meth:`sample` runs from ``noise`` (``step_noise``, ``offsets`` as there;
+        eager): that step goes to sigma 0, where the Euler update ``x - s v`` of an
+        x0-predicting head returns the head's clip, so the sampled clip is
+        ``warped + residual`` (before the model bounds it; exactly so while the last step's
+        sigma is at least the head's smallest divisor, ``X0_MIN_SIGMA`` of
+        :mod:`wc_fast.models.tiny_dit`). Only for a model with a warp head
+        (``warp_parts``, :class:`~wc_fast.models.tiny_dit.TinyWorldDiT` with
+        ``prediction="warp"``)."""
+        parts = getattr(self.model, "warp_parts", None)
+        if parts is None:
+            raise TypeError(f"final_parts needs a model with a warp head (warp_parts), got "
+                            f"{type(self.model).__name__}")
+        if tuple(noise.shape) != self._clip_shape(noise.shape[0]):
+            raise ValueError(f"noise must have shape {self._clip_shape(noise.shape[0])}, got "
+                             f"{tuple(noise.shape)}")
+        num, device = noise.shape[0], noise.device
+        extra = {"motion": noise_latents(noise)} if self.model.motion_latent else {}
+        extra.update(offsets or {})
+        last = len(self.sigmas) - 2
+        with torch.no_grad():
+            x = self._loop(self._step, noise, cache, actions.to(device), step_noise, offsets,
+                           stop=last)
+            return parts(x, torch.full((num,), self.sigmas[last], device=device),
+                         actions.to(device), cache, **extra)
 
     def sample_sde(self, cache: ContextCache, actions: Tensor, *, num: int,
                    generator: torch.Generator | None = None, same_noise: bool = False,
@@ -272,13 +312,16 @@ class ClipSampler:
         return self._compiled_step
 
     def _loop(self, step, noise: Tensor, cache: ContextCache, actions: Tensor,
-              step_noise: Tensor | None, offsets: Offsets | None = None) -> Tensor:
-        """Integrate from ``noise`` over the schedule; per-step scalars are device tensors."""
+              step_noise: Tensor | None, offsets: Offsets | None = None,
+              stop: int | None = None) -> Tensor:
+        """Integrate from ``noise`` over the schedule (its first ``stop`` steps when given);
+        per-step scalars are device tensors."""
         x = noise.clone()
         num, device = noise.shape[0], noise.device
         # a model with motion latents reads them from each candidate's initial noise
         motion = noise_latents(noise) if self.model.motion_latent else None
-        for i, (s, s_next) in enumerate(zip(self.sigmas[:-1], self.sigmas[1:], strict=True)):
+        pairs = list(zip(self.sigmas[:-1], self.sigmas[1:], strict=True))[:stop]
+        for i, (s, s_next) in enumerate(pairs):
             stochastic = step_noise is not None and s_next > 0
             std = sde_step_std(s, self.sde_noise, self.sigmas[1]) if stochastic else 0.0
             x = step(x, torch.full((num,), s, device=device), torch.full((), s, device=device),

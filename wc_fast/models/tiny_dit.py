@@ -110,6 +110,18 @@ def affine_flow(params: Tensor, size: int) -> Tensor:
     return torch.einsum("bfak,khw->bfahw", params.unflatten(-1, (2, 3)), basis)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class WarpParts:
+    """What a warp head (``prediction="warp"``) draws a clip from, each ``[B, F, ...]``: the
+    flow ``[B, F, 2, H, W]`` of every frame from its reference frame (pixels, a backward map,
+    x first: :func:`warp`'s), the reference frames warped by it and the residual added to them
+    (both ``[B, F, C, H, W]``). The head's clip is ``warped + residual``."""
+
+    flow: Tensor
+    warped: Tensor
+    residual: Tensor
+
+
 class TanhGELU(nn.Module):
     """GELU with the tanh approximation: ``0.5 x (1 + tanh(u)) = x sigmoid(2u)``,
     ``u = sqrt(2/pi) (x + 0.044715 x^3)``.
@@ -581,6 +593,34 @@ class TinyWorldDiT(nn.Module):
         (:func:`affine_flow`; ``prediction="warp"`` only), a camera motion imposed on each
         row, which rollouts use to explore (``rollout.warp_exploration``).
         """
+        x, cond, reference, actions, action_offset = self._clip_trunk(
+            x_t, sigma, actions, cache, motion, action_offset, affine_offset)
+        out = self._head(x, cond, reference, actions, affine_offset=affine_offset,
+                         action_offset=action_offset)
+        return self._as_velocity(out, x_t, sigma[:, None].expand(x_t.shape[:2]))
+
+    def warp_parts(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache, *,
+                   motion: Tensor | None = None, action_offset: Tensor | None = None,
+                   affine_offset: Tensor | None = None) -> WarpParts:
+        """The warp head's flow, warped reference and residual (:class:`WarpParts`) on the
+        noisy clips ``x_t``, whose sum is the clean clip :meth:`velocity` moves towards (the
+        sampler's last step lands on it); arguments as :meth:`velocity`'s.
+        ``prediction="warp"`` only."""
+        if self.cfg.prediction != "warp":
+            raise ValueError(f"warp_parts needs a model with prediction='warp', this one has "
+                             f"{self.cfg.prediction!r}")
+        x, cond, reference, actions, action_offset = self._clip_trunk(
+            x_t, sigma, actions, cache, motion, action_offset, affine_offset)
+        return self._head_parts(x, cond, reference, actions, affine_offset=affine_offset,
+                                action_offset=action_offset)
+
+    def _clip_trunk(self, x_t: Tensor, sigma: Tensor, actions: Tensor, cache: ContextCache,
+                    motion: Tensor | None, action_offset: Tensor | None,
+                    affine_offset: Tensor | None
+                    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor | None]:
+        """Checks :meth:`velocity`'s arguments and runs the trunk on the noisy clips: its tokens,
+        per-frame condition, the reference frames, and the checked actions ``[B, F]`` and
+        action offset, what the head reads."""
         self._check_cache(cache)
         self._check_frames("x_t", x_t)
         b, f = x_t.shape[:2]
@@ -602,9 +642,7 @@ class TinyWorldDiT(nn.Module):
             x_t, sigma, actions, cache, reference=reference,
             motion=None if motion is None else motion[:, None].expand(b, f, -1),
             action_offset=action_offset)
-        out = self._head(x, cond, reference, actions, affine_offset=affine_offset,
-                         action_offset=action_offset)
-        return self._as_velocity(out, x_t, sigma[:, None].expand(b, f))
+        return x, cond, reference, actions, action_offset
 
     def _as_velocity(self, out: Tensor, x_t: Tensor, sigma: Tensor) -> Tensor:
         """The head's output ``[B, F, C, H, W]`` as a velocity, given per-frame ``sigma``
@@ -681,32 +719,49 @@ class TinyWorldDiT(nn.Module):
         """The output head on frames ``first:`` of the trunk's tokens ``x`` ``[B, F*T, D]``,
         condition ``cond`` and actions ``[B, F]``: the clip ``[B, F - first, C, H, W]``
         (velocity, x0, or for ``warp`` the reference frames warped by the predicted flow,
-        plus ``affine_offset`` ``[B, 6]`` when given, plus a residual)."""
-        b, f = cond.shape[:2]
-        n = f - first
+        plus ``affine_offset`` ``[B, 6]`` when given, plus a residual: :meth:`_head_parts`)."""
+        if self.cfg.prediction != "warp":
+            out, _ = self._head_tokens(x, cond, first)
+            return self.unpatchify(out, cond.shape[1] - first)
+        parts = self._head_parts(x, cond, reference, actions, first, affine_offset,
+                                 action_offset)
+        return parts.warped + parts.residual
+
+    def _head_tokens(self, x: Tensor, cond: Tensor, first: int) -> tuple[Tensor, Tensor]:
+        """The head's output tokens ``[B, N*T, O]`` (accumulation dtype) on frames ``first:``
+        and the modulated tokens ``[B, N*T, D]`` they are read from."""
+        n = cond.shape[1] - first
         acc = compute_dtype(self.patch_embed.weight.dtype)
         with self._autocast(x.device):
             shift, scale = self.final_modulation(F.silu(cond[:, first:])).chunk(2, dim=-1)
             h = Block._modulate(x[:, first * self.tokens_per_frame:], shift, scale, n)
-            out = self.out(h).to(acc)
-            if self.cfg.prediction == "warp":
-                frame_tokens = h.reshape(b, n, self.tokens_per_frame, -1).mean(dim=2)
-                affine = self.affine_flow(frame_tokens).to(out.dtype)
-                if self.cfg.pose_branch:
-                    keys = pressed_keys(self.keys_of_action, actions[:, first:], action_offset)
-                    affine = affine + (self.pose_flow(keys.to(self.pose_flow.weight.dtype))
-                                       * self.pose_scale).to(out.dtype)
-                if affine_offset is not None:
-                    affine = affine + affine_offset[:, None].to(out.dtype)
-        if self.cfg.prediction != "warp":
-            return self.unpatchify(out, n)
+            return self.out(h).to(acc), h
+
+    def _head_parts(self, x: Tensor, cond: Tensor, reference: Tensor, actions: Tensor,
+                    first: int = 0, affine_offset: Tensor | None = None,
+                    action_offset: Tensor | None = None) -> WarpParts:
+        """A warp head's parts on frames ``first:`` (arguments as :meth:`_head`'s): the flow
+        (the unpatchified flow channels plus the affine flow of each frame's mean token, the
+        pose branch's and ``affine_offset``, summed over each clip's frames), the reference
+        frames warped by it, and the residual."""
+        out, h = self._head_tokens(x, cond, first)
+        b, n = cond.shape[0], cond.shape[1] - first
+        with self._autocast(x.device):
+            frame_tokens = h.reshape(b, n, self.tokens_per_frame, -1).mean(dim=2)
+            affine = self.affine_flow(frame_tokens).to(out.dtype)
+            if self.cfg.pose_branch:
+                keys = pressed_keys(self.keys_of_action, actions[:, first:], action_offset)
+                affine = affine + (self.pose_flow(keys.to(self.pose_flow.weight.dtype))
+                                   * self.pose_scale).to(out.dtype)
+            if affine_offset is not None:
+                affine = affine + affine_offset[:, None].to(out.dtype)
         c = self.cfg.channels
         residual = self.unpatchify(out[..., :c * self.cfg.patch ** 2], n)
         flow = self.unpatchify(out[..., c * self.cfg.patch ** 2:], n, channels=2)
         flow = accumulate_over_clips(flow + affine_flow(affine, self.cfg.resolution),
                                      self.clip_frames)
         reference = reference[:, first:].to(out.dtype).expand(b, -1, -1, -1, -1)
-        return warp(reference, flow) + residual
+        return WarpParts(flow=flow, warped=warp(reference, flow), residual=residual)
 
     def _prefix_attend(self, cache: ContextCache, layer: int, x: Tensor):
         """Attention of the rows' own tokens plus layer ``layer``'s shared history."""

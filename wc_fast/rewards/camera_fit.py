@@ -44,9 +44,10 @@ BLUR_SIGMAS = (2.0, 1.0, 0.5)  # coarse to fine, pixels
 ITERATIONS = 6  # Gauss-Newton steps per blur level
 ROBUST_SCALE = 0.02  # Cauchy scale of the luminance residual (luminance in [0, 1])
 _LUMA = (0.299, 0.587, 0.114)
-# Parameter scales (tx, tz, yaw, pitch) that make the normal equations well conditioned.
-_SCALES = (TRANSLATION_STEP, TRANSLATION_STEP, ROTATION_STEP_DEG, ROTATION_STEP_DEG)
-_JACOBIAN_STEP = (1e-3, 1e-3, 1e-2, 1e-2)
+# Parameter scales (tx, tz, yaw, pitch) that make the normal equations well conditioned, and
+# the finite-difference steps of their Jacobian.
+PARAM_SCALES = (TRANSLATION_STEP, TRANSLATION_STEP, ROTATION_STEP_DEG, ROTATION_STEP_DEG)
+JACOBIAN_STEPS = (1e-3, 1e-3, 1e-2, 1e-2)
 
 
 def luminance(frames: Tensor) -> Tensor:
@@ -58,7 +59,7 @@ def luminance(frames: Tensor) -> Tensor:
 
 
 @functools.lru_cache(maxsize=8)
-def _rays(size: int, fov_deg: float) -> tuple[Tensor, float]:
+def pixel_rays(size: int, fov_deg: float) -> tuple[Tensor, float]:
     """Pixel-centre rays ``[H, W, 3]`` with ``z = 1`` and the focal length in pixels (cached;
     read only)."""
     f = focal_length(size, fov_deg)
@@ -72,7 +73,7 @@ def prior_depth(size: int, pitch_deg: Tensor, height: Tensor,
     """Depth (camera z) of the canonical room seen at pitch ``[P]`` (degrees, up +) from
     ``height`` ``[P]`` (world y of the camera relative to its start, down +) -> ``[P, H, W]``:
     the nearest of floor, ceiling and walls along each pixel's ray."""
-    rays, _ = _rays(size, fov_deg)
+    rays, _ = pixel_rays(size, fov_deg)
     d = torch.einsum("pij,hwj->phwi", rot_x(pitch_deg.double()), rays)
     far = torch.full_like(d[..., 1], 1e9)
     below = (FLOOR_BELOW - height.double()).clamp_min(MIN_CLEARANCE)[:, None, None]
@@ -92,14 +93,20 @@ def motion_matrix(params: Tensor) -> Tensor:
     return delta
 
 
-def _project(params: Tensor, depth: Tensor, fov_deg: float) -> Tensor:
+def project(delta: Tensor, depth: Tensor, fov_deg: float) -> Tensor:
     """Where each pixel of the first frame lands in the second, ``[P, H, W, 2]`` (pixels from
-    the image centre), for motion ``params`` ``[P, 4]`` and depth ``[P, H, W]``."""
-    rays, f = _rays(depth.shape[-1], fov_deg)
-    delta = motion_matrix(params)
+    the image centre), for the second camera's pose in the first's frame ``delta``
+    ``[P, 4, 4]`` (``c2w_first^-1 @ c2w_second``) and the first frame's depth (camera z)
+    ``[P, H, W]``."""
+    rays, f = pixel_rays(depth.shape[-1], fov_deg)
     points = depth[..., None] * rays - delta[:, None, None, :3, 3]
     moved = torch.einsum("pji,phwj->phwi", delta[:, :3, :3], points)  # R^T (P - t)
     return f * moved[..., :2] / moved[..., 2:3].clamp_min(1e-3)
+
+
+def _project(params: Tensor, depth: Tensor, fov_deg: float) -> Tensor:
+    """:func:`project` of the motion ``params`` ``[P, 4]`` (:func:`motion_matrix`)."""
+    return project(motion_matrix(params), depth, fov_deg)
 
 
 def _blur(img: Tensor, sigma: float) -> Tensor:
@@ -113,7 +120,7 @@ def _blur(img: Tensor, sigma: float) -> Tensor:
     return out[:, 0]
 
 
-def _gradients(img: Tensor) -> tuple[Tensor, Tensor]:
+def gradients(img: Tensor) -> tuple[Tensor, Tensor]:
     """Central differences of ``[P, H, W]`` (zero on the border)."""
     gx, gy = torch.zeros_like(img), torch.zeros_like(img)
     gx[:, :, 1:-1] = (img[:, :, 2:] - img[:, :, :-2]) / 2
@@ -121,13 +128,15 @@ def _gradients(img: Tensor) -> tuple[Tensor, Tensor]:
     return gx, gy
 
 
-def _sample(img: Tensor, coords: Tensor) -> tuple[Tensor, Tensor]:
-    """Bilinear ``img`` ``[P, H, W]`` at ``coords`` ``[P, H, W, 2]`` (pixels from the centre)
-    and whether each lands inside the image."""
+def sample(img: Tensor, coords: Tensor) -> tuple[Tensor, Tensor]:
+    """Bilinear ``img`` ``[P, H, W]`` (or ``[P, C, H, W]``) at ``coords`` ``[P, H, W, 2]``
+    (pixels from the centre, x then y; border values outside) and whether each lands inside
+    the image ``[P, H, W]``."""
     grid = coords / (img.shape[-1] / 2)
-    values = F.grid_sample(img[:, None], grid, mode="bilinear", padding_mode="border",
-                           align_corners=False)[:, 0]
-    return values, (grid.abs() < 1 - 1 / img.shape[-1]).all(-1)
+    values = F.grid_sample(img if img.dim() == 4 else img[:, None], grid, mode="bilinear",
+                           padding_mode="border", align_corners=False)
+    return (values if img.dim() == 4 else values[:, 0]), (grid.abs() < 1 - 1 / img.shape[-1]
+                                                          ).all(-1)
 
 
 def _patch_index(size: int) -> Tensor:
@@ -156,7 +165,7 @@ def fit_pairs(prev: Tensor, cur: Tensor, pitch_deg: Tensor, height: Tensor,
     ridge = torch.diag(torch.cat([torch.full((4,), 1e-9, dtype=torch.float64),
                                   torch.full((patches,), DEPTH_PRIOR_WEIGHT,
                                              dtype=torch.float64)]))
-    scales = torch.tensor(_SCALES, dtype=torch.float64)
+    scales = torch.tensor(PARAM_SCALES, dtype=torch.float64)
     params = torch.zeros(n, 4, dtype=torch.float64)
     correction = centre.clone()
     border = torch.zeros(size, size, dtype=torch.float64)
@@ -164,15 +173,15 @@ def fit_pairs(prev: Tensor, cur: Tensor, pitch_deg: Tensor, height: Tensor,
     eye = torch.eye(4, dtype=torch.float64)
     for sigma in BLUR_SIGMAS:
         a, b = _blur(prev.double(), sigma), _blur(cur.double(), sigma)
-        gxa, gya = _gradients(a)
+        gxa, gya = gradients(a)
         for _ in range(ITERATIONS):
             depth = room * torch.exp(correction[:, patch])
             base = _project(params, depth, fov_deg)
             motion_jac = torch.stack([(_project(params + eye[k] * h, depth, fov_deg) - base) / h
-                                      for k, h in enumerate(_JACOBIAN_STEP)], -1)
+                                      for k, h in enumerate(JACOBIAN_STEPS)], -1)
             depth_jac = (_project(params, depth * 1.01, fov_deg) - base) / 0.01
-            warped, inside = _sample(b, base)
-            gxb, gyb = _gradients(warped)
+            warped, inside = sample(b, base)
+            gxb, gyb = gradients(warped)
             gx, gy = (gxa + gxb) / 2, (gya + gyb) / 2
             residual = (warped - a).reshape(n, -1)
             motion_rows = (gx[..., None] * motion_jac[..., 0, :]

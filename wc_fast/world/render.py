@@ -5,13 +5,14 @@ OpenCV camera frame (+x right, +y down, +z forward), rotated to the world by the
 The nearest hit over the room, all boxes and all pillars is found in one batched computation;
 the hit surface is coloured by its material's procedural pattern (checker, bricks or tiles over
 the surface coordinates; faded to its mean where a cell is under 1.5 pixels), shaded by
-its normal and blended into a neutral fog by distance.
+its normal and blended into a neutral fog by distance. :func:`depth` reads the same hits' depth.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -137,6 +138,22 @@ def _shade(sc: Scenes, origin: Tensor, d: Tensor, pixel_angle: float) -> Tensor:
     return torch.lerp(torch.tensor(FOG_COLOR)[:, None], color * shade[:, None], fog)
 
 
+def _chunks(scenes: Scenes, c2w: Tensor, rays: Tensor
+            ) -> Iterator[tuple[Scenes, Tensor, Tensor]]:
+    """The frames of ``c2w`` ``[n, T, 4, 4]`` in chunks of at most :data:`_CHUNK_FRAMES`: each
+    chunk's scenes, camera origins ``[N, 3]`` and world ray directions ``[N, 3, R]`` of the
+    camera-frame ``rays`` ``[R, 3]`` (every component kept away from 0, so ``1/d`` is finite)."""
+    n, frames = c2w.shape[:2]
+    flat = c2w.reshape(n * frames, 4, 4).to(torch.float32)
+    per_frame = scenes.index(torch.arange(n).repeat_interleave(frames))
+    for start in range(0, n * frames, _CHUNK_FRAMES):
+        stop = min(start + _CHUNK_FRAMES, n * frames)
+        pose = flat[start:stop]
+        d = pose[:, :3, :3] @ rays.T
+        d = torch.where(d.abs() < 1e-7, torch.full_like(d, 1e-7), d)
+        yield per_frame.index(torch.arange(start, stop)), pose[:, :3, 3], d
+
+
 def render(scenes: Scenes, c2w: Tensor, *, resolution: int = 32, fov_deg: float = DEFAULT_FOV_DEG,
            supersample: int = 1) -> Tensor:
     """Render camera poses in their scenes.
@@ -145,20 +162,31 @@ def render(scenes: Scenes, c2w: Tensor, *, resolution: int = 32, fov_deg: float 
     [-1, 1] with ``H = W = resolution``. Deterministic: the same inputs give the same pixels.
     """
     n, frames = c2w.shape[:2]
-    flat = c2w.reshape(n * frames, 4, 4).to(torch.float32)
-    per_frame = scenes.index(torch.arange(n).repeat_interleave(frames))
     rays = camera_rays(resolution, fov_deg, supersample)
     pixel_angle = 1.0 / (focal_length(resolution, fov_deg) * supersample)
-    out = []
-    for start in range(0, n * frames, _CHUNK_FRAMES):
-        stop = min(start + _CHUNK_FRAMES, n * frames)
-        pose = flat[start:stop]
-        d = pose[:, :3, :3] @ rays.T
-        # Keep every component away from 0 so that 1/d is finite.
-        d = torch.where(d.abs() < 1e-7, torch.full_like(d, 1e-7), d)
-        sc = per_frame.index(torch.arange(start, stop))
-        out.append(_shade(sc, pose[:, :3, 3], d, pixel_angle))
-    rgb = torch.cat(out)
+    rgb = torch.cat([_shade(sc, origin, d, pixel_angle)
+                     for sc, origin, d in _chunks(scenes, c2w, rays)])
     s = supersample
     rgb = rgb.reshape(n * frames, 3, resolution, s, resolution, s).mean((3, 5))
     return (rgb * 2 - 1).reshape(n, frames, 3, resolution, resolution)
+
+
+def depth(scenes: Scenes, c2w: Tensor, *, resolution: int = 32,
+          fov_deg: float = DEFAULT_FOV_DEG) -> Tensor:
+    """Depth of each pixel centre: the camera-frame z (distance along the camera's forward axis,
+    not along the ray) of the nearest surface, as :func:`render` sees it without supersampling.
+
+    ``scenes`` of ``n`` scenes, ``c2w`` ``[n, T, 4, 4]`` -> ``[n, T, H, W]`` float32, ``H = W =
+    resolution``. Every room is closed, so every depth is finite and positive; a reader of
+    depth still treats a non-finite one as a point at infinity. The rays of
+    :func:`camera_rays` have ``z = 1``, so the hit's ray parameter is this depth.
+    """
+    if not isinstance(c2w, Tensor) or c2w.dim() != 4 or c2w.shape[-2:] != (4, 4):
+        raise ValueError(f"c2w must be [n, T, 4, 4], got {getattr(c2w, 'shape', c2w)}")
+    if c2w.shape[0] != len(scenes):
+        raise ValueError(f"c2w must have one row per scene ({len(scenes)}), got "
+                         f"{c2w.shape[0]}")
+    n, frames = c2w.shape[:2]
+    rays = camera_rays(resolution, fov_deg)
+    t = torch.cat([_cast(sc, origin, d)[0] for sc, origin, d in _chunks(scenes, c2w, rays)])
+    return t.reshape(n, frames, resolution, resolution)
