@@ -2,7 +2,7 @@
 the classical camera fit and the evaluation estimator, on the same generated clips.
 
     python -m studies.white_box --checkpoints base [RUN_DIR ...] --sequences 64 --clips 1 \
-                                [--seed SEED] [--preset cpu] [--json OUT]
+                                [--seed SEED | --final | --validation] [--preset cpu] [--json OUT]
 
 Each model (``base``: the shipped tiny base; else an exported ``.safetensors``, a checkpoint
 directory or a run directory, whose latest checkpoint is read) generates clip 1 of every
@@ -46,7 +46,7 @@ from torch import Tensor
 from wc_fast import checkpoint
 from wc_fast.actions import split_action
 from wc_fast.config import build_preset
-from wc_fast.eval import EVAL_SEED, KINDS, EvalSettings
+from wc_fast.eval import KINDS, EvalSettings, add_seed_arguments
 from wc_fast.evaluation.bootstrap import paired_bootstrap
 from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.models.tiny_dit import X0_MIN_SIGMA
@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clips", type=int, default=1, choices=(1,),
                         help="clips per sequence: 1, the only clip whose reference frame's "
                              "true depth is known")
-    parser.add_argument("--seed", type=int, default=EVAL_SEED)
+    add_seed_arguments(parser)
     parser.add_argument("--preset", default="cpu",
                         help="preset whose sampler steps and shift and label thresholds to use "
                              "(as python -m wc_fast.eval --preset)")

@@ -109,6 +109,21 @@ class EvalSettings:
         return cls(**{**values, **overrides})
 
 
+def add_seed_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--seed N`` (default :data:`EVAL_SEED`, the tuning set), or a named set: ``--final``
+    (:data:`FINAL_EVAL_SEED`) or ``--validation`` (:data:`VALIDATION_EVAL_SEED`); all set
+    ``args.seed``."""
+    seeds = parser.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=int, default=EVAL_SEED)
+    seeds.add_argument("--final", action="store_const", dest="seed", const=FINAL_EVAL_SEED,
+                       help=f"evaluate on the seeds reserved for final tables "
+                            f"(FINAL_EVAL_SEED = {FINAL_EVAL_SEED})")
+    seeds.add_argument("--validation", action="store_const", dest="seed",
+                       const=VALIDATION_EVAL_SEED,
+                       help=f"evaluate on the validation seeds, where recipes are chosen "
+                            f"(VALIDATION_EVAL_SEED = {VALIDATION_EVAL_SEED})")
+
+
 def rollout_sequences(model: EmbeddedModel, prompts: Tensor, actions: Tensor, *, steps: int,
                       shift: float, seed: int, progress: bool = False) -> Tensor:
     """Generate ``[n, 1 + N*F, C, H, W]`` from prompts ``[n, 1, ...]`` and actions ``[n, N*F]``.
@@ -366,15 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the old spelling of --sampler-steps: every other command's --steps counts iterations
     parser.add_argument("--steps", type=int, default=None, dest="old_steps",
                         help=argparse.SUPPRESS)
-    seeds = parser.add_mutually_exclusive_group()
-    seeds.add_argument("--seed", type=int, default=EVAL_SEED)
-    seeds.add_argument("--final", action="store_const", dest="seed", const=FINAL_EVAL_SEED,
-                       help=f"evaluate on the seeds reserved for final tables "
-                            f"(FINAL_EVAL_SEED = {FINAL_EVAL_SEED})")
-    seeds.add_argument("--validation", action="store_const", dest="seed",
-                       const=VALIDATION_EVAL_SEED,
-                       help=f"evaluate on the validation seeds, where recipes are chosen "
-                            f"(VALIDATION_EVAL_SEED = {VALIDATION_EVAL_SEED})")
+    add_seed_arguments(parser)
     parser.add_argument("--save-frames", default=None, metavar="DIR",
                         help="write DIR/<set>.npz: generated and true frames, actions, true, "
                              "commanded and fitted camera paths")
