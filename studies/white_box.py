@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from rich import box
 from rich.console import Console
@@ -179,6 +180,53 @@ def study(names: Sequence[str], settings: EvalSettings, *, device: torch.device,
     return result
 
 
+# the reader gaps reported beside the readers: (name, learned reader, reader it is taken from)
+GAPS = (("estimator - white box", "estimator", "white box"), ("estimator - fit", "estimator", "fit"))
+
+
+def pooled(result: dict, names: Sequence[str] | None = None) -> dict:
+    """The change from the first model of ``names`` (default: every model after it, pooled as
+    the training seeds of one row) per set and reader, and of each reader gap of ``GAPS``
+    (per sequence, the learned reader's accuracy minus the other's): a paired bootstrap over
+    the sequences and the seeds."""
+    base, *rows = list(result["models"])
+    rows = list(names) if names is not None else rows
+    if not rows:
+        raise ValueError("pooled needs at least one model after the base")
+    out = {}
+    for kind in result["models"][base]:
+        def values(name: str, reader: str) -> np.ndarray:
+            return np.asarray(result["models"][name][kind]["per_sequence"][reader])
+
+        def gap(name: str, learned: str, other: str) -> np.ndarray:
+            return values(name, learned) - values(name, other)
+
+        out[kind] = {reader: paired_bootstrap(values(base, reader),
+                                              np.stack([values(n, reader) for n in rows]))
+                     for reader in READERS}
+        out[kind].update({label: paired_bootstrap(gap(base, a, b),
+                                                  np.stack([gap(n, a, b) for n in rows]))
+                          for label, a, b in GAPS})
+    return out
+
+
+def markdown(result: dict, title: str) -> list[str]:
+    """The pooled change (:func:`pooled`) as Markdown: one row per set, the readers no reward
+    reads first (white box, fit), the estimator and the gaps beside them."""
+    base = next(iter(result["models"]))
+    columns = ("white box", "fit", "estimator", "estimator - white box", "estimator - fit",
+               "fit warp", "estimator warp")
+    lines = [f"| set | base, white box | base, fit | base, estimator | {title}: "
+             + f" | {title}: ".join(columns) + " |", "|---|---|---|---|" + "---|" * len(columns)]
+    for kind, row in pooled(result).items():
+        means = result["models"][base][kind]
+        cells = [f"{row[c]['change']:+.3f} [{row[c]['low']:+.3f}, {row[c]['high']:+.3f}]"
+                 for c in columns]
+        lines.append(f"| {kind} | {means['white box']:.3f} | {means['fit']:.3f} | "
+                     f"{means['estimator']:.3f} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def print_result(result: dict, console: Console) -> None:
     """One table per model (the true renders first): each reader's clip-1 accuracy per set
     and the mean absolute residual; then each checkpoint's change from the base per reader
@@ -226,6 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="preset whose sampler steps and shift and label thresholds to use "
                              "(as python -m wc_fast.eval --preset)")
     parser.add_argument("--json", default=None, help="write the result here")
+    parser.add_argument("--markdown", default=None, metavar="PATH",
+                        help="write the change of every model after the first, pooled as the "
+                             "seeds of one row, as a Markdown table here")
+    parser.add_argument("--title", default="trained", help="the pooled row's name in --markdown")
     args = parser.parse_args(argv)
     if args.sequences < 1:
         parser.error(f"--sequences must be >= 1, got {args.sequences}")
@@ -243,6 +295,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2))
+    if args.markdown and len(names) > 1:
+        command = "python -m studies.white_box " + " ".join(
+            argv if argv is not None else sys.argv[1:])
+        lines = [f"`{command}` (clip 1, {args.sequences} sequences per set; change from the "
+                 "first model, the others pooled as seeds [paired 95% bootstrap interval])",
+                 "", *markdown(result, args.title)]
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text("\n".join(lines) + "\n")
         console.print(f"wrote {args.json}")
     return 0
 

@@ -79,3 +79,25 @@ def test_a_run_directory_is_read_at_its_latest_checkpoint(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit):
         white_box.main(["--checkpoints", str(tmp_path / "empty")])
+
+
+def test_pooled_changes_pool_the_seeds_and_report_the_reader_gaps():
+    def model(shift: float) -> dict:
+        # every reader reads 0.5 + shift on both sequences, the estimator 0.1 more
+        row = {r: [0.5 + shift, 0.5 + shift] for r in white_box.READERS}
+        row["estimator"] = [0.6 + shift, 0.6 + shift]
+        return {kind: {**{r: v[0] for r, v in row.items()}, "residual": 0.0,
+                       "per_sequence": row} for kind in ("basic", "composite_2key")}
+
+    result = {"models": {"base": model(0.0), "s0": model(0.1), "s1": model(0.3)}}
+    pooled = white_box.pooled(result)
+    assert pooled["basic"]["white box"]["change"] == pytest.approx(0.2)  # the seeds' mean
+    assert pooled["basic"]["white box"]["seeds"] == 2
+    assert pooled["composite_2key"]["estimator - white box"]["change"] == pytest.approx(0.0)
+    assert white_box.pooled(result, ["s1"])["basic"]["fit"]["change"] == pytest.approx(0.3)
+    lines = white_box.markdown(result, "recipe")
+    assert lines[0].startswith("| set | base, white box | base, fit | base, estimator | "
+                               "recipe: white box |")
+    assert lines[2].startswith("| basic | 0.500 | 0.500 | 0.600 | +0.200 [+0.100, +0.300] |")
+    with pytest.raises(ValueError, match="at least one model"):
+        white_box.pooled({"models": {"base": model(0.0)}})
