@@ -1,7 +1,8 @@
 """Training outcomes pinned across code versions: three iterations of the default run (the
 ``cpu`` preset on the shipped base, fixed seed) and its end-of-run evaluation must stay within
 stated tolerances of the values measured when this test was written (2026-12-07, torch
-2.13.0 CPU), so that study rows trained on different days stay comparable. A change that
+2.13.0 CPU; measured again the same day when the preset's default gained the KL to the initial
+model, nft.kl_beta 0.1, which moves the second and third losses and the trained model), so that study rows trained on different days stay comparable. A change that
 moves them on purpose updates the values here and says why in its commit.
 
 Tolerances: the losses to 1e-3 relative (summation order and thread count move them by about
@@ -15,11 +16,11 @@ import pytest
 
 from wc_fast.train import main
 
-LOSSES = [0.0479056698968634, 0.05887363268993795, 0.06261236779391766]
+LOSSES = [0.0479056698968634, 0.05934529926162213, 0.06286376086063683]
 # set -> (estimator accuracy, fit accuracy, PSNR dB, VQ) of the trained model
-TRAINED = {"basic": (0.9375, 0.9375, 21.8457, -1.4109),
-           "composite": (0.0, 0.25, 16.2762, -3.6961),
-           "composite_2key": (0.5625, 0.625, 19.8654, -4.3926)}
+TRAINED = {"basic": (0.9375, 0.875, 21.7472, -1.3701),
+           "composite": (0.0, 0.3125, 16.2637, -3.7177),
+           "composite_2key": (0.5625, 0.625, 19.8614, -4.4017)}
 BASE = {"basic": (0.9375, 1.0, 21.3875, -1.1572),
         "composite": (0.0, 0.25, 16.2271, -3.7525),
         "composite_2key": (0.625, 0.625, 19.8698, -4.4166)}
