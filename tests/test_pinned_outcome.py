@@ -1,9 +1,10 @@
 """Training outcomes pinned across code versions: three iterations of the default run (the
 ``cpu`` preset on the shipped base, fixed seed) and its end-of-run evaluation must stay within
 stated tolerances of the values measured when this test was written (2026-12-07, torch
-2.13.0 CPU; measured again the same day when the preset's default gained the KL to the initial
-model, nft.kl_beta 0.1, which moves the second and third losses and the trained model), so that study rows trained on different days stay comparable. A change that
-moves them on purpose updates the values here and says why in its commit.
+2.13.0 CPU; measured again the same day when the preset's default gained the KL to the
+initial model, nft.kl_beta 0.1, which moves the second and third losses and the trained
+model), so that study rows trained on different days stay comparable. A change that moves
+them on purpose updates the values here and says why in its commit.
 
 Tolerances: the losses to 1e-3 relative (summation order and thread count move them by about
 1e-6); accuracies to one frame in 16 (4 sequences x 1 clip of 4 new frames per set, read by
