@@ -10,7 +10,8 @@ SDPA's CUDA kernels (``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``; by name
 ``flash_attn`` and ``xformers`` (partials merged by LSE; CUDA, when installed) and
 ``prefix_grouper`` (PrefixGrouper's attention, the prefix copied per row; CPU or CUDA, when
 installed), never chosen by ``auto``, whose CUDA order is the project's own kernels.
-``auto`` takes the first implemented and runnable backend in :data:`AUTO_ORDER` for the device.
+``auto`` takes the first implemented and runnable backend in :data:`AUTO_ORDER` for the device
+(``prefix_attention`` first tries the backend its per-device table lists for the shape).
 """
 
 from __future__ import annotations
@@ -92,15 +93,17 @@ def unavailable_reason(backend: str, device: torch.device) -> str | None:
 
 
 @torch.compiler.assume_constant_result
-def resolve(op: str, backend: str, device: torch.device, implemented: tuple[str, ...]) -> str:
+def resolve(op: str, backend: str, device: torch.device, implemented: tuple[str, ...],
+            preferred: tuple[str, ...] = ()) -> str:
     """The concrete backend ``op`` uses for tensors on ``device``; raises if it cannot run.
 
+    ``auto`` tries ``preferred`` (a device's measured choice) before :data:`AUTO_ORDER`.
     A trace-time constant under ``torch.compile`` (dynamo cannot trace the import probes).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        for candidate in (*AUTO_ORDER.get(device.type, ()), "reference"):
+        for candidate in (*preferred, *AUTO_ORDER.get(device.type, ()), "reference"):
             if candidate in implemented and unavailable_reason(candidate, device) is None:
                 return candidate
         return "reference"

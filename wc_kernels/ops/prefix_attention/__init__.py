@@ -9,7 +9,7 @@ from torch import Tensor
 
 from wc_kernels import _checks
 from wc_kernels._backend import resolve
-from wc_kernels.ops.prefix_attention import naive
+from wc_kernels.ops.prefix_attention import auto, naive
 from wc_kernels.ops.prefix_attention.flex import flex_prefix_attention
 from wc_kernels.ops.prefix_attention.prefix_grouper import prefix_grouper_attention
 from wc_kernels.ops.prefix_attention.sdpa import SDPA_KERNELS
@@ -176,11 +176,15 @@ def prefix_attention(
     fp16/bf16, and fp32 for ``sdpa_efficient``). ``replicated`` is SDPA over the prefix copied
     for every row, the baseline the others are measured against; ``prefix_grouper`` (CPU or
     CUDA, when the ``prefix-grouper`` library is installed) is that library's attention, also
-    over a copied prefix, a peer contender in the benchmarks.
+    over a copied prefix, a peer contender in the benchmarks. ``auto`` first tries the backend
+    that ``auto.yaml`` (measured per device name) lists for the device, head dim and pass (with
+    or without gradients), then the default order.
     """
     _check_inputs(q, k, v, prefix_k, prefix_v)
     scale = _check_scale(scale)
-    chosen = resolve("prefix_attention", backend, q.device, _candidates(q, backend))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, prefix_k, prefix_v))
+    preferred = auto.listed_backend(q.device, q.shape[-1], grad) if backend == "auto" else ()
+    chosen = resolve("prefix_attention", backend, q.device, _candidates(q, backend), preferred)
     if q.shape[0] * q.shape[2] == 0:
         return _no_rows(q, k, v, prefix_k, prefix_v)
     if chosen == "reference":
