@@ -13,12 +13,14 @@
 # that runs out of time is interrupted (SIGINT), so pytest still writes what finished:
 # 1. kernels: fused-op benchmarks (nft_loss, flow_noise, grpo_sde_loss) -> OUT_DIR/bench_kernels.json
 # 2. profile: where the fused ops' time goes (python -m studies.op_profile; the log only)
-# 3. attention: shared-prefix attention benchmarks   -> OUT_DIR/bench_attention.json
+# 3. attention: shared-prefix attention benchmarks, prefix-grouper among the contenders (its
+#    wheel travels in .whl/, bench/gpu_wheels.sh)     -> OUT_DIR/bench_attention.json
 # 4. tests: the GPU-marked tests, pytest -m gpu tests/ -> OUT_DIR/gpu_tests.xml
 # 5. rl: one RL iteration, ours vs official-style     -> OUT_DIR/rl_iteration.json
 # 6. wan: one RL iteration of a Wan2.1-1.3B-shaped model with random weights, with and
 #    without LoRA and activation checkpointing       -> OUT_DIR/wan_iteration.json
-# 7. model: model-level benchmarks (shared prefix, sampler) -> OUT_DIR/bench_model.json
+# 7. model: model-level benchmarks (shared prefix, sampler, then one RL iteration at the
+#    Wan2.1-1.3B shape: ours vs a batched eager loop)  -> OUT_DIR/bench_model.json
 # 8. a short table of all of the above (python -m studies.summarize) -> OUT_DIR/summary.txt
 # Everything printed also goes to OUT_DIR/gpu_check.log: at most 8 files, none in a subfolder.
 # The exit status is non-zero if any step failed or ran out of time.
@@ -76,6 +78,12 @@ for i in range(torch.cuda.device_count()):
           f"{p.multi_processor_count} SMs")
 import wc_kernels, wc_fast
 print("wc_kernels from", wc_kernels.__file__, "| wc_fast from", wc_fast.__file__)
+import importlib.metadata as metadata
+for dist in ("diffusers", "prefix-grouper", "flash-attn", "xformers"):
+    try:
+        print(f"{dist} {metadata.version(dist)}")
+    except metadata.PackageNotFoundError:
+        print(f"{dist} not installed (its tests and benchmarks skip)")
 if torch.cuda.is_available():  # one small Triton launch: compiler and launcher work here
     try:
         x0, sig = torch.randn(2, 1000, device="cuda"), torch.rand(2, 3, device="cuda")
@@ -173,7 +181,8 @@ EOF
     fi
     if wanted model; then
         run_step "$budget_s" "model benchmarks" "${bench[@]}" bench/test_bench_prefix.py \
-            bench/test_bench_sampler.py --benchmark-json="$out/bench_model.json"
+            bench/test_bench_sampler.py bench/test_bench_rl_iteration.py \
+            --benchmark-json="$out/bench_model.json"
         results+=("$out/bench_model.json")
     fi
 

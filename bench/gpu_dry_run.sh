@@ -11,8 +11,8 @@
 #       safetensors tqdm rich pytest pytest-benchmark hypothesis
 # (a CPU build of torch is enough: the dry run skips every GPU test). These are the project's
 # dependencies and the test tools, a subset of the GPU image's packages (which also has peft,
-# tensorboard and matplotlib, and has no diffusers, flash-attn or xformers), so what runs
-# here runs there.
+# tensorboard and matplotlib, and has no diffusers, prefix-grouper, flash-attn or xformers:
+# the first two travel as wheels, bench/gpu_wheels.sh), so what runs here runs there.
 # GPU_DRY_RUN_PACKAGES overrides the list. The venv lives in a temporary folder and is removed
 # at exit. The dry run's own settings pass through (GPU_CHECK_SKIP_RL=1 leaves out the
 # RL-iteration step, GPU_CHECK_BUDGET_S). Exits with gpu_check.sh's status.

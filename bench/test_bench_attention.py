@@ -17,8 +17,11 @@ prefix_v)`` in bf16:
 - ``triton``: the fused Triton kernels (``backend="triton"``);
 - ``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``: the split path on SDPA's own kernels
   (one prefix copy, partials merged by log-sum-exp);
-- ``flash_attn`` / ``xformers``: the optional libraries' partial attentions merged by LSE
-  (skipped when the library is not installed).
+- ``flash_attn`` / ``xformers``: the optional libraries' partial attentions merged by LSE;
+- ``prefix_grouper``: the ``prefix-grouper`` library's attention (PrefixGrouper, the GRPO
+  shared-prefix utility verl merged), a peer contender: its suffix attention over the prefix
+  copied per row (``backend="prefix_grouper"``). The optional libraries are skipped, naming
+  the missing package, when not installed.
 
 Modes: ``fwd`` (no grad) and ``fwd+bwd`` (gradients for all five inputs). One timed round is
 ``REPEAT`` calls and a ``torch.cuda.synchronize()``. ``extra_info``: time per call, TFLOP/s
@@ -50,7 +53,7 @@ PINNED = {"replicated_flash": SDPBackend.FLASH_ATTENTION,
           "replicated_cudnn": SDPBackend.CUDNN_ATTENTION,
           "replicated_efficient": SDPBackend.EFFICIENT_ATTENTION}
 CONTENDERS = ("triton", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_replicated",
-              *PINNED, "reference", "flex", "flash_attn", "xformers")
+              *PINNED, "prefix_grouper", "reference", "flex", "flash_attn", "xformers")
 # ours first and the compiled FlexAttention late: a step cut short by time keeps the former
 MODES = ("fwd", "fwd+bwd")
 DTYPE = torch.bfloat16

@@ -1,9 +1,11 @@
-"""One model forward over G candidates sharing a history (issue: KV-cache reuse).
+"""One model forward over G candidates sharing a history (KV-cache reuse).
 
-Three strategies on the same model and inputs:
+Four strategies on the same model and inputs:
 - ``shared``: one batched forward, one copy of the history KV (``prefix_attention``);
 - ``replicated``: one batched forward with the history KV copied onto every candidate row, then
-  the same fused attention kernel (what naive batching does);
+  SDPA (what naive batching does);
+- ``prefix_grouper``: one batched forward with the ``prefix-grouper`` library's attention (the
+  history KV copied per row by the library; skipped when it is not installed);
 - ``loop``: candidates one after another at batch 1 (the official WorldCompass strategy).
 
 Run: ``python -m pytest --benchmark-only bench/test_bench_prefix.py --benchmark-group-by=group``.
@@ -18,6 +20,7 @@ import torch.nn.functional as F
 
 from wc_fast.config import preset
 from wc_fast.models import TinyWorldDiT
+from wc_kernels import _backend
 
 G = 16
 HISTORY_CLIPS = 7  # n = 8: clips 1..7 are history
@@ -58,8 +61,10 @@ def setup():
     x = torch.randn(G, f, cfg.channels, cfg.resolution, cfg.resolution, device=device)
     sigma = torch.rand(G, device=device)
     clip_actions = torch.randint(0, 81, (f,), device=device)
+    # a motion-latent model reads each clip's latents (the sampler takes them from the noise)
+    motion = torch.randn(G, 3, device=device) if cfg.motion_latent else None
     own_kv = 2 * cfg.depth * G * f * model.tokens_per_frame * cfg.dim * 4
-    return model, cache, x, sigma, clip_actions, own_kv
+    return model, cache, x, sigma, clip_actions, motion, own_kv
 
 
 def _sync() -> None:
@@ -81,29 +86,45 @@ def _run(benchmark, fn, extra: dict) -> None:
 
 @pytest.mark.benchmark(group="prefix-forward-G16-n8")
 def test_shared(benchmark, setup):
-    model, cache, x, sigma, actions, own_kv = setup
-    _run(benchmark, lambda: model.velocity(x, sigma, actions, cache),
+    model, cache, x, sigma, actions, motion, own_kv = setup
+    _run(benchmark, lambda: model.velocity(x, sigma, actions, cache, motion=motion),
          {"kv_bytes": cache.nbytes() + own_kv, "strategy": "shared prefix, batched"})
 
 
 @pytest.mark.benchmark(group="prefix-forward-G16-n8")
 def test_replicated(benchmark, setup):
-    model, cache, x, sigma, actions, own_kv = setup
+    model, cache, x, sigma, actions, motion, own_kv = setup
     model._prefix_attend = lambda c, layer, _x: _replicated_attend(c, layer)
     try:
-        _run(benchmark, lambda: model.velocity(x, sigma, actions, cache),
+        _run(benchmark, lambda: model.velocity(x, sigma, actions, cache, motion=motion),
              {"kv_bytes": G * cache.nbytes() + own_kv, "strategy": "prefix replicated, batched"})
     finally:
         del model._prefix_attend
 
 
 @pytest.mark.benchmark(group="prefix-forward-G16-n8")
+def test_prefix_grouper(benchmark, setup):
+    model, cache, x, sigma, actions, motion, own_kv = setup
+    missing = _backend.unavailable_reason("prefix_grouper", x.device)
+    if missing:
+        pytest.skip(missing)
+    backend, model.attention_backend = model.attention_backend, "prefix_grouper"
+    try:
+        _run(benchmark, lambda: model.velocity(x, sigma, actions, cache, motion=motion),
+             {"kv_bytes": G * cache.nbytes() + own_kv,
+              "strategy": "prefix-grouper (prefix copied per row by the library), batched"})
+    finally:
+        model.attention_backend = backend
+
+
+@pytest.mark.benchmark(group="prefix-forward-G16-n8")
 def test_loop(benchmark, setup):
-    model, cache, x, sigma, actions, own_kv = setup
+    model, cache, x, sigma, actions, motion, own_kv = setup
 
     def loop():
         for i in range(G):
-            model.velocity(x[i:i + 1], sigma[i:i + 1], actions, cache)
+            model.velocity(x[i:i + 1], sigma[i:i + 1], actions, cache,
+                           motion=None if motion is None else motion[i:i + 1])
 
     _run(benchmark, loop, {"kv_bytes": cache.nbytes() + own_kv // G,
                            "strategy": "per-candidate loop, batch 1"})

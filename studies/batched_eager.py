@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 
 from wc_fast.config import Config
-from wc_fast.models import WorldModel
+from wc_fast.models import FrameCodec, WorldModel
 from wc_fast.trainer import Trainer
 from wc_fast.updates import grpo as grpo_rule
 from wc_fast.updates import nft as nft_rule
@@ -32,14 +32,16 @@ from wc_fast.updates import nft as nft_rule
 _OPS = {nft_rule: ("nft_loss", "flow_noise"), grpo_rule: ("grpo_sde_loss", "sde_log_prob")}
 
 
-def batched_eager_trainer(cfg: Config, model: WorldModel, device: torch.device) -> Trainer:
+def batched_eager_trainer(cfg: Config, model: WorldModel, device: torch.device,
+                          codec: FrameCodec | None = None) -> Trainer:
     """The baseline's trainer: ``cfg`` with eager sampling and no compile, ``model`` with
-    replicated-prefix SDPA attention (run its iterations under :func:`plain_pytorch_ops`)."""
+    replicated-prefix SDPA attention, ``codec`` as :class:`~wc_fast.trainer.Trainer` takes it
+    (a Wan model's VAE) (run its iterations under :func:`plain_pytorch_ops`)."""
     cfg = copy.deepcopy(cfg)
     cfg.rollout.capture = "eager"
     cfg.nft.compile = False
     model.attention_backend = "replicated"
-    return Trainer(cfg, model, device)
+    return Trainer(cfg, model, device, codec=codec)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,8 @@ WAN_SHAPE = "wan2.1-1.3b"
 # studies/wan_iteration.py's VARIANTS: full, LoRA, each with and without checkpointing
 WAN_VARIANTS = ("full", "checkpointing", "lora", "lora+checkpointing")
 PREFIX_SHAPE = ("B=16", "L=256", "P=1856")  # G = 16 candidates, one clip, a 7-clip history
+# bench/test_bench_rl_iteration.py's group at the full Wan shape on a GPU (a CPU run is smaller)
+WAN_RL_GROUP = (WAN_SHAPE, "layers=30", "cuda")
 SOURCES = ("benchmark", "rl_iteration", "wan_iteration", "gpu_tests")
 
 # how a figure's value is printed, by key (default: the number itself)
@@ -108,6 +110,8 @@ class Figure:
             raise Missing("no wan_iteration result")
         if data.get("shape") != WAN_SHAPE:
             raise Missing(f"wan_iteration ran shape {data.get('shape')}, not {WAN_SHAPE}")
+        if data.get("layers") is not None:
+            raise Missing(f"wan_iteration ran {data['layers']} of {WAN_SHAPE}'s blocks")
         row = next((r for r in data["variants"] if r["variant"] == self.item), None)
         if row is None:
             raise Missing(f"wan_iteration has no variant {self.item}")
@@ -189,7 +193,8 @@ def _fused(label: str, test: str, params: tuple[str, ...]) -> tuple[Target, ...]
 
 
 def _prefix_attention(d: int) -> tuple[Target, ...]:
-    """Forward+backward at head dim ``d``: time and peak memory vs SDPA on a replicated prefix."""
+    """Forward+backward at head dim ``d``: time and peak memory vs SDPA on a replicated prefix,
+    and time vs prefix-grouper."""
     shape = (*PREFIX_SHAPE, f"D={d}")
 
     def figure(key: str, contender: str) -> Figure:
@@ -200,7 +205,9 @@ def _prefix_attention(d: int) -> tuple[Target, ...]:
     return (Target(f"{label}: speed vs replicated SDPA", figure("median", OURS), 1.0, "x",
                    baseline=figure("median", "sdpa_replicated")),
             Target(f"{label}: memory vs replicated SDPA", figure("peak_mib", OURS), 5.0, "x",
-                   baseline=figure("peak_mib", "sdpa_replicated")))
+                   baseline=figure("peak_mib", "sdpa_replicated")),
+            Target(f"{label}: speed vs prefix-grouper", figure("median", OURS), 1.0, "x",
+                   baseline=figure("median", "prefix_grouper")))
 
 
 def _wan(variant: str) -> Target:
@@ -226,6 +233,10 @@ TARGETS: tuple[Target, ...] = (
            1.3, "x"),
     Target("RL iteration vs the official-style baseline", Figure("rl_iteration", "speedup"),
            5.0, "x"),
+    Target("RL iteration at the Wan2.1-1.3B shape vs a batched eager loop",
+           Figure("benchmark", "median", "test_wan_rl_iteration[ours]", group_has=WAN_RL_GROUP),
+           1.3, "x", baseline=Figure("benchmark", "median", "test_wan_rl_iteration[batched_eager]",
+                                     group_has=WAN_RL_GROUP)),
     *(_wan(variant) for variant in WAN_VARIANTS),
     Target("every GPU test passes", Figure("gpu_tests", "failed"), 0.0, at_least=False,
            shown=(Figure("gpu_tests", "passed"), Figure("gpu_tests", "skipped"))),

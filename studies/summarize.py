@@ -50,7 +50,9 @@ def rl_iteration_summary(path: Path, data: dict) -> list[str]:
 
 def wan_iteration_summary(path: Path, data: dict) -> list[str]:
     """``studies/wan_iteration.py --json``: per-variant phase seconds, peak memory and MFU."""
-    lines = [f"{path.name}: {data['shape']} on {data['device_name']}, {data['resolution']}px, "
+    blocks = f" layers={data['layers']}" if data.get("layers") is not None else ""
+    lines = [f"{path.name}: {data['shape']}{blocks} on {data['device_name']}, "
+             f"{data['resolution']}px, "
              f"{data['clip_frames']} latent frames per clip, G={data['group_size']}, "
              f"{data['steps']} steps; {data['matmul_dtype']} matmul "
              f"{_flops(data['matmul_flops_per_s'])}"]

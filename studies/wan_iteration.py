@@ -3,7 +3,8 @@ reward / train seconds, peak memory and the train phase's MFU, with and without 
 activation checkpointing.
 
     python -m studies.wan_iteration [--shape wan2.1-1.3b|tiny] [--variants full,lora,...]
-                                  [--resolution R] [--json PATH] [--device auto|cpu|cuda]
+                                  [--layers N] [--resolution R] [--json PATH]
+                                  [--device auto|cpu|cuda]
 
 The transformer has the shape of Wan2.1-T2V-1.3B (30 blocks of width 1536, 12 heads, FFN
 8960, text width 4096) and the VAE that of Wan2.1's, both randomly initialised in memory, so
@@ -15,7 +16,8 @@ block rerun in the backward), ``lora`` (rank-16 adapters and the conditioning pa
 train) and ``lora+checkpointing``. MFU is the train phase's model FLOP/s over two
 denominators: a large bf16 matmul measured in the same run, and on a known GPU its spec
 sheet's dense bf16 peak. ``--shape tiny`` runs the same path with the tests' few-thousand-weight
-model (the CPU dry run of the GPU check).
+model (the CPU dry run of the GPU check); ``--layers N`` keeps the shape's blocks but only N of
+them (a reduced size with the same per-block work, for a CPU).
 """
 
 from __future__ import annotations
@@ -92,6 +94,15 @@ def run_config(args: argparse.Namespace, rank: int, rerun: bool) -> config_lib.C
     return cfg
 
 
+def with_layers(shape: dict, layers: int | None) -> dict:
+    """``shape`` with ``layers`` transformer blocks (``None``: its own number)."""
+    if layers is None:
+        return shape
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"layers: expected a positive int or None, got {layers!r}")
+    return {**shape, "transformer": {**shape["transformer"], "num_layers": layers}}
+
+
 def build(shape: dict, cfg: config_lib.Config, device: torch.device
           ) -> tuple[WanWorldModel, WanLatentCodec]:
     """A random world model and VAE of ``shape``, built on ``device``."""
@@ -115,7 +126,7 @@ def measure(args: argparse.Namespace, name: str, device: torch.device) -> dict:
     """Warm-up iteration, then one timed iteration at clip N, of variant ``name``."""
     rank, rerun = VARIANTS[name]
     cfg = run_config(args, rank, rerun)
-    model, codec = build(SHAPES[args.shape], cfg, device)
+    model, codec = build(with_layers(SHAPES[args.shape], args.layers), cfg, device)
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     trainer = Trainer(cfg, model, device, codec=codec)
@@ -139,9 +150,12 @@ def measure(args: argparse.Namespace, name: str, device: torch.device) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options (also the RL-iteration benchmark's sizes)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="wan2.1-1.3b", choices=list(SHAPES))
+    parser.add_argument("--layers", type=int, default=None,
+                        help="transformer blocks (default: the shape's own, 30 for Wan2.1-1.3B)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--resolution", type=int, default=256, help="frame side in pixels")
     parser.add_argument("--clip-frames", type=int, default=4, help="latent frames per clip")
@@ -152,19 +166,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
+    if args.layers is not None and args.layers < 1:
+        parser.error(f"--layers: expected a positive number of blocks, got {args.layers}")
     names = [v for v in args.variants.split(",") if v]
-    unknown = set(names) - set(VARIANTS)
-    if unknown or not names:
+    if set(names) - set(VARIANTS) or not names:
         parser.error(f"--variants: expected some of {list(VARIANTS)}, got {args.variants!r}")
+    args.variants = names
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     device = resolve_device(args.device)
-    rows = [measure(args, name, device) for name in names]
+    rows = [measure(args, name, device) for name in args.variants]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     measured = matmul_flops(device, dtype, n=8192 if device.type == "cuda" else 2048, repeat=3)
     spec = spec_peak(device)
     for row in rows:
         row["mfu_measured"] = row["train_flops_per_s"] / measured
         row["mfu_spec"] = row["train_flops_per_s"] / spec if spec else None
-    result = {"shape": args.shape, "device": str(device),
+    result = {"shape": args.shape, "layers": args.layers, "device": str(device),
               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda"
               else "cpu", "resolution": args.resolution, "clip_frames": args.clip_frames,
               "group_size": args.group_size, "num_clips": args.num_clips, "steps": args.steps,

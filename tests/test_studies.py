@@ -43,8 +43,9 @@ def test_wan_iteration_reports_each_variant_and_what_it_trains(tmp_path):
     assert _load("wan_iteration").main([
         "--shape", "tiny", "--device", "cpu", "--resolution", "64", "--clip-frames", "2",
         "--group-size", "4", "--steps", "2", "--variants", "full,lora+checkpointing",
-        "--json", str(out)]) == 0
+        "--layers", "1", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
+    assert result["layers"] == 1
     full, lora = result["variants"]
     assert (full["variant"], lora["variant"]) == ("full", "lora+checkpointing")
     assert (lora["lora_rank"], lora["activation_checkpointing"]) == (16, True)
@@ -58,6 +59,23 @@ def test_wan_iteration_reports_each_variant_and_what_it_trains(tmp_path):
     assert 0 < lora["parameters"] - lora["trained_parameters"] < full["parameters"]
     summary = _load("summarize").wan_iteration_summary(out, result)
     assert len(summary) == 3 and "lora+checkpointing" in summary[2]
+    assert summary[0].startswith("wan.json: tiny layers=1 on cpu,"), summary[0]
+
+
+def test_wan_iteration_layers_keep_each_blocks_shape():
+    study = _load("wan_iteration")
+    wan = study.SHAPES["wan2.1-1.3b"]
+    shape = study.with_layers(wan, 2)
+    assert shape["transformer"] == {**wan["transformer"], "num_layers": 2}
+    assert shape["vae"] is wan["vae"] and wan["transformer"]["num_layers"] == 30
+    assert study.with_layers(wan, None) is wan
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="layers"):
+            study.with_layers(wan, bad)
+    assert study.parse_args(["--variants", "lora,full"]).variants == ["lora", "full"]
+    for argv in (["--layers", "0"], ["--variants", "fast"], ["--variants", ","]):
+        with pytest.raises(SystemExit):
+            study.parse_args(argv)
 
 
 def test_reward_agreement_reports_a_pair_fraction_and_a_correlation(capsys):
@@ -486,6 +504,7 @@ def test_summary_checks_each_target_pass_fail_or_missing(tmp_path, capsys):
         _benchmark("test_prefix_attention[G16-D32-fwd+bwd-triton]", d32, 1e-3, peak_mib=10.0),
         _benchmark("test_prefix_attention[G16-D32-fwd+bwd-sdpa_replicated]", d32, 2e-3,
                    peak_mib=40.0),
+        _benchmark("test_prefix_attention[G16-D32-fwd+bwd-prefix_grouper]", d32, 0.8e-3),
         _benchmark("test_prefix_attention[G16-D128-fwd+bwd-triton]", d128, 1e-3, peak_mib=1.0),
         _benchmark("test_prefix_attention[G16-D128-fwd+bwd-sdpa_replicated]", d128, 9e-3,
                    peak_mib=90.0)]}))
@@ -515,7 +534,12 @@ def test_summary_checks_each_target_pass_fail_or_missing(tmp_path, capsys):
         '<testcase classname="tests.test_a" name="test_y"/>'
         '<testcase classname="tests.test_a" name="test_z"><skipped/></testcase>'
         '</testsuite></testsuites>')
-    files = [kernels, attention, tests_xml, rl, wan, tmp_path / "bench_model.json"]
+    model = tmp_path / "bench_model.json"
+    wan_rl = "rl-iteration wan2.1-1.3b layers=30 cuda 256px F=4 G=12 steps=10"
+    model.write_text(json.dumps({"benchmarks": [
+        _benchmark("test_wan_rl_iteration[ours]", wan_rl, 4.0),
+        _benchmark("test_wan_rl_iteration[batched_eager]", wan_rl, 6.0)]}))
+    files = [kernels, attention, tests_xml, rl, wan, model]
     assert _load("summarize").main([str(f) for f in files]) == 0
     rows = _target_results(capsys.readouterr().out)
     assert len(rows) == len(_load("gpu_targets").TARGETS)
@@ -534,6 +558,12 @@ def test_summary_checks_each_target_pass_fail_or_missing(tmp_path, capsys):
         "MISSING: no benchmark test_nft_loss_and_grad[bf16-x0-triton]")
     assert rows["grpo_sde_loss+grad fp32" + alone][1].startswith("MISSING")
     assert rows[attn.format(32, "speed")][1] == "PASS"
+    grouper = "prefix_attention fwd+bwd D={} (G=16, L=256, P=1856): speed vs prefix-grouper"
+    assert rows[grouper.format(32)] == ("0.80x (1.000 ms/round vs 0.800 ms/round)", "FAIL")
+    assert rows[grouper.format(64)][1] == (
+        "MISSING: no benchmark test_prefix_attention[G16-D64-fwd+bwd-triton]")
+    assert rows["RL iteration at the Wan2.1-1.3B shape vs a batched eager loop"] == (
+        "1.50x (4000.000 ms/round vs 6000.000 ms/round)", "PASS")
     assert rows[attn.format(32, "memory")][0].startswith("4.00x")
     assert rows[attn.format(32, "memory")][1] == "FAIL"
     assert rows[attn.format(128, "speed")][1].startswith("MISSING: ")
@@ -564,6 +594,16 @@ def test_targets_count_only_gpu_runs_and_fail_on_a_failed_test():
     assert tests.check(dry_run)[3] == "MISSING: no GPU test ran (4 skipped)"
     assert rl.check(dry_run)[3] == "MISSING: rl_iteration ran on cpu, not a GPU"
     assert wan.check(dry_run)[3] == "MISSING: wan_iteration ran shape tiny, not wan2.1-1.3b"
+    fewer = targets.Results(wan_iteration={"shape": "wan2.1-1.3b", "layers": 1, "variants": []})
+    assert wan.check(fewer)[3] == "MISSING: wan_iteration ran 1 of wan2.1-1.3b's blocks"
+    wan_rl = next(t for t in targets.TARGETS if t.name.startswith("RL iteration at the Wan"))
+    cpu_group = "rl-iteration wan2.1-1.3b layers=1 cpu 64px F=2 G=4 steps=2"
+    on_cpu = targets.Results(benchmarks={
+        f"test_wan_rl_iteration[{c}]": {"group": cpu_group, "stats": {"median": 1.0}}
+        for c in ("ours", "batched_eager")})
+    assert wan_rl.check(on_cpu)[3] == (
+        f"MISSING: test_wan_rl_iteration[ours] measures {cpu_group!r}, "
+        "not wan2.1-1.3b layers=30 cuda")
     failed = targets.Results(gpu_tests={"tests": 4, "failed": 1, "skipped": 0, "passed": 3})
     assert tests.check(failed)[1:] == ("1 failed (3 passed, 0 skipped)", "<= 0", "FAIL")
     with pytest.raises(ValueError, match="source"):
@@ -695,6 +735,27 @@ def test_batched_eager_baseline_runs_no_custom_op_and_replicates_the_history(mon
         assert nft_rule.flow_noise.keywords == {"backend": "reference"}
         trainer.iteration(0)
     assert calls and nft_rule.nft_loss is fused
+
+
+def test_batched_eager_baseline_runs_a_wan_model_with_its_vae(monkeypatch):
+    """At the Wan shape (here the tests' tiny one) the baseline trains through the VAE it is
+    given and replicates the history in the Wan model's attention too."""
+    from wc_kernels.ops.prefix_attention import _FAST
+
+    pytest.importorskip("diffusers")
+    study, batched_eager = _load("wan_iteration"), _load("batched_eager")
+    args = study.parse_args(["--shape", "tiny", "--device", "cpu", "--resolution", "64",
+                             "--clip-frames", "2", "--group-size", "4", "--steps", "2"])
+    cfg = study.run_config(args, *study.VARIANTS["full"])
+    model, codec = study.build(study.SHAPES["tiny"], cfg, torch.device("cpu"))
+    calls = []
+    real = _FAST["replicated"]
+    monkeypatch.setitem(_FAST, "replicated", lambda *a: calls.append("sdpa") or real(*a))
+    trainer = batched_eager.batched_eager_trainer(cfg, model, torch.device("cpu"), codec=codec)
+    assert trainer.codec is codec and model.attention_backend == "replicated"
+    with batched_eager.plain_pytorch_ops():
+        stats = trainer.iteration(cfg.rollout.num_clips - 1)  # clip N: a shared history
+    assert calls and stats.times["train"] > 0
 
 
 def test_study_rows_are_read_from_their_file_as_wc_fast_train_arguments():

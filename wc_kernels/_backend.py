@@ -7,9 +7,11 @@ SDPA's CUDA kernels (``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``; by name
 ``replicated`` (SDPA over the prefix copied per row: what plain batching does, a baseline),
 ``flex``
 (FlexAttention with a block mask; CUDA, forward-only on CPU), and the optional libraries
-``flash_attn`` and ``xformers`` (partials merged by LSE; CUDA, when installed; never chosen by
-``auto``, whose CUDA order is the project's own kernels).
-``auto`` takes the first implemented and runnable backend in :data:`AUTO_ORDER` for the device.
+``flash_attn`` and ``xformers`` (partials merged by LSE; CUDA, when installed) and
+``prefix_grouper`` (PrefixGrouper's attention, the prefix copied per row; CPU or CUDA, when
+installed), never chosen by ``auto``, whose CUDA order is the project's own kernels.
+``auto`` takes the first implemented and runnable backend in :data:`AUTO_ORDER` for the device
+(``prefix_attention`` first tries the backend its per-device table lists for the shape).
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ import os
 import torch
 
 BACKENDS = ("auto", "reference", "triton", "native", "split", "flex", "flash_attn", "xformers",
-            "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "replicated")
+            "prefix_grouper", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "replicated")
 # the split path on SDPA's own CUDA kernels (attention only; chosen by name until their GPU
 # parity tests have passed on a device)
 SDPA_BACKENDS = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
 # optional attention libraries: backend name -> (module to import, pip requirement)
-LIBRARIES = {"flash_attn": ("flash_attn", "flash-attn"), "xformers": ("xformers.ops", "xformers")}
+LIBRARIES = {"flash_attn": ("flash_attn", "flash-attn"), "xformers": ("xformers.ops", "xformers"),
+             "prefix_grouper": ("prefix_grouper", "prefix-grouper")}
+# the libraries whose kernels run on CUDA tensors only (prefix-grouper is plain PyTorch)
+CUDA_LIBRARIES = ("flash_attn", "xformers")
 AUTO_ORDER = {"cuda": ("triton", "flex"), "cpu": ("native", "split")}
 
 
@@ -75,7 +80,7 @@ def unavailable_reason(backend: str, device: torch.device) -> str | None:
             f"{device.type} (on CPU, 'split' runs the same path on the CPU flash kernels)"
     if backend in LIBRARIES:
         module, requirement = LIBRARIES[backend]
-        if device.type != "cuda":
+        if backend in CUDA_LIBRARIES and device.type != "cuda":
             return f"{backend} runs on CUDA tensors, not {device.type}"
         if not _importable(module):
             return f"{requirement} is not installed (pip install {requirement})"
@@ -88,15 +93,17 @@ def unavailable_reason(backend: str, device: torch.device) -> str | None:
 
 
 @torch.compiler.assume_constant_result
-def resolve(op: str, backend: str, device: torch.device, implemented: tuple[str, ...]) -> str:
+def resolve(op: str, backend: str, device: torch.device, implemented: tuple[str, ...],
+            preferred: tuple[str, ...] = ()) -> str:
     """The concrete backend ``op`` uses for tensors on ``device``; raises if it cannot run.
 
+    ``auto`` tries ``preferred`` (a device's measured choice) before :data:`AUTO_ORDER`.
     A trace-time constant under ``torch.compile`` (dynamo cannot trace the import probes).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        for candidate in (*AUTO_ORDER.get(device.type, ()), "reference"):
+        for candidate in (*preferred, *AUTO_ORDER.get(device.type, ()), "reference"):
             if candidate in implemented and unavailable_reason(candidate, device) is None:
                 return candidate
         return "reference"

@@ -1,10 +1,12 @@
-"""The optional ``flash_attn`` and ``xformers`` backends of ``prefix_attention``.
+"""The optional library backends of ``prefix_attention``: ``flash_attn``, ``xformers`` and
+``prefix_grouper``.
 
-On CPU each library is replaced by a small stand-in with its API, layout and LSE contract,
-computed in plain PyTorch: that checks everything this project adds (row folding, layout
-transposes, the LSE merge, feeding the merged output and LSE to the backward, keyword
-matching across flash-attn versions). On a CUDA machine with the library installed, the
-real kernels are checked against the reference.
+On CPU each CUDA library is replaced by a small stand-in with its API, layout and LSE
+contract, computed in plain PyTorch: that checks everything this project adds (row folding,
+layout transposes, the LSE merge, feeding the merged output and LSE to the backward, keyword
+matching across flash-attn versions). ``prefix-grouper`` is plain PyTorch, so the real library
+runs on CPU when installed. On a CUDA machine with a library installed, the real kernels are
+checked against the reference.
 """
 
 import sys
@@ -12,11 +14,11 @@ import types
 
 import pytest
 import torch
-from test_prefix_attention import CASES, _inputs
+from test_prefix_attention import CASES, TOL, _inputs
 
 import wc_kernels
 from wc_kernels import _backend, reference
-from wc_kernels.ops.prefix_attention import _FAST, flash_attn
+from wc_kernels.ops.prefix_attention import _FAST, flash_attn, prefix_grouper
 from wc_kernels.ops.prefix_attention.flash_attn import FlashAttnKernels
 from wc_kernels.ops.prefix_attention.split import split_prefix_attention
 
@@ -171,6 +173,26 @@ def test_flash_attn_rejects_float32_and_wide_heads():
         wc_kernels.prefix_attention(*wide, backend="flash_attn")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("case", CASES)
+def test_prefix_grouper_matches_reference_on_cpu(case, dtype):
+    pytest.importorskip("prefix_grouper", reason="prefix-grouper is not installed "
+                        "(pip install 'wc_fast[dev]')")
+    rtol, atol = TOL[dtype]
+    _check(lambda *a: wc_kernels.prefix_attention(*a, backend="prefix_grouper"),
+           _inputs(case, dtype), rtol=rtol, atol=atol)
+    # the key mask the library would pass is all true: leaving it out changes nothing
+    b, _, p, _, lk, _ = case
+    assert prefix_grouper._grouper(p, lk, b, torch.device("cpu")).suffix_attn_mask.all()
+
+
+def test_prefix_grouper_missing_names_its_package(monkeypatch):
+    monkeypatch.setattr(_backend, "_importable", lambda module: module != "prefix_grouper")
+    ins = [t.detach() for t in _inputs(CASES[0], torch.float32)]
+    with pytest.raises(RuntimeError, match=r"prefix-grouper is not installed"):
+        wc_kernels.prefix_attention(*ins, backend="prefix_grouper")
+
+
 def test_auto_never_picks_a_library_backend():
     for device in ("cpu", "cuda"):
         assert not set(_backend.AUTO_ORDER[device]) & set(_backend.LIBRARIES)
@@ -179,7 +201,7 @@ def test_auto_never_picks_a_library_backend():
 # -- CUDA: the real libraries ---------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["flash_attn", "xformers"])
+@pytest.mark.parametrize("backend", ["flash_attn", "xformers", "prefix_grouper"])
 @pytest.mark.parametrize("case", [(16, 6, 1792, 256, 256, 32), (3, 2, 37, 9, 9, 64),
                                   (2, 3, 0, 5, 5, 32), (2, 3, 7, 3, 0, 32)])
 def test_cuda_library_matches_reference(backend, case):

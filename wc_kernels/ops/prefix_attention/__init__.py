@@ -9,14 +9,15 @@ from torch import Tensor
 
 from wc_kernels import _checks
 from wc_kernels._backend import resolve
-from wc_kernels.ops.prefix_attention import naive
+from wc_kernels.ops.prefix_attention import auto, naive
 from wc_kernels.ops.prefix_attention.flex import flex_prefix_attention
+from wc_kernels.ops.prefix_attention.prefix_grouper import prefix_grouper_attention
 from wc_kernels.ops.prefix_attention.sdpa import SDPA_KERNELS
 from wc_kernels.ops.prefix_attention.split import split_prefix_attention
 from wc_kernels.ops.prefix_attention.xformers import xformers_prefix_attention
 
-IMPLEMENTED = ("reference", "triton", "split", "flex", "flash_attn", "xformers", "sdpa_flash",
-               "sdpa_cudnn", "sdpa_efficient", "replicated")
+IMPLEMENTED = ("reference", "triton", "split", "flex", "flash_attn", "xformers", "prefix_grouper",
+               "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "replicated")
 _HALF = (torch.float16, torch.bfloat16)
 # dtypes each fast backend takes ("auto" passes over a backend that cannot take the input)
 DTYPES = {"triton": (*_HALF, torch.float32), "flash_attn": _HALF,
@@ -72,7 +73,7 @@ def replicated_prefix_attention(q: Tensor, k: Tensor, v: Tensor, prefix_k: Tenso
 _FAST = {"split": split_prefix_attention, "flex": flex_prefix_attention,
          "replicated": replicated_prefix_attention,
          "triton": triton_prefix_attention, "flash_attn": flash_attn_prefix_attention,
-         "xformers": xformers_prefix_attention,
+         "xformers": xformers_prefix_attention, "prefix_grouper": prefix_grouper_attention,
          **{name: _sdpa_prefix_attention(name) for name in SDPA_KERNELS}}
 
 
@@ -162,22 +163,28 @@ def prefix_attention(
     ``q`` ``[B, H, L, D]``, ``k, v`` ``[B, H, Lk, D]``, ``prefix_k, prefix_v`` ``[1, H, P, D]``
     (``P`` may be 0) -> ``[B, H, L, D]``. ``scale`` defaults to ``D ** -0.5``. Differentiable
     in all five inputs (``flex`` on CPU: forward only); the prefix gradient is summed over rows.
-    Every backend but ``reference`` keeps a single copy of the prefix. ``triton`` takes
-    fp16/bf16/fp32 with ``D <= 128``, ``flash_attn`` fp16/bf16 with ``D <= 256``, ``xformers``
-    fp16/bf16/fp32, ``flex`` on CUDA ``D >= 16`` (``auto`` passes over a backend that cannot
-    take the input; naming one raises). With no query row (``B = 0`` or ``L = 0``) every
-    backend returns the empty ``[B, H, L, D]``; an empty key set on one side (``Lk = 0`` or
-    ``P = 0``) is attention over the other side alone. Zero heads, a zero head dim, no key at
-    all (``Lk + P = 0``) or a NaN or inf ``scale`` raise ``ValueError``.
-    The optional ``flash_attn`` and ``xformers`` backends
-    run on CUDA when their library is installed and are chosen by name only, like
-    ``sdpa_flash``, ``sdpa_cudnn`` and ``sdpa_efficient`` (the split path on SDPA's own CUDA
-    kernels: fp16/bf16, and fp32 for ``sdpa_efficient``). ``replicated`` is SDPA over the
-    prefix copied for every row, the baseline the others are measured against.
+    Every backend but ``reference``, ``replicated`` and ``prefix_grouper`` keeps a single copy
+    of the prefix. ``triton`` takes fp16/bf16/fp32 with ``D <= 128``, ``flash_attn``
+    fp16/bf16 with ``D <= 256``, ``xformers`` fp16/bf16/fp32, ``flex`` on CUDA ``D >= 16``
+    (``auto`` passes over a backend that cannot take the input; naming one raises). With no
+    query row (``B = 0`` or ``L = 0``) every backend returns the empty ``[B, H, L, D]``; an
+    empty key set on one side (``Lk = 0`` or ``P = 0``) is attention over the other side alone.
+    Zero heads, a zero head dim, no key at all (``Lk + P = 0``) or a NaN or inf ``scale``
+    raise ``ValueError``. The optional ``flash_attn`` and ``xformers`` backends run on CUDA
+    when their library is installed and are chosen by name only, like ``sdpa_flash``,
+    ``sdpa_cudnn`` and ``sdpa_efficient`` (the split path on SDPA's own CUDA kernels:
+    fp16/bf16, and fp32 for ``sdpa_efficient``). ``replicated`` is SDPA over the prefix copied
+    for every row, the baseline the others are measured against; ``prefix_grouper`` (CPU or
+    CUDA, when the ``prefix-grouper`` library is installed) is that library's attention, also
+    over a copied prefix, a peer contender in the benchmarks. ``auto`` first tries the backend
+    that ``auto.yaml`` (measured per device name) lists for the device, head dim and pass (with
+    or without gradients), then the default order.
     """
     _check_inputs(q, k, v, prefix_k, prefix_v)
     scale = _check_scale(scale)
-    chosen = resolve("prefix_attention", backend, q.device, _candidates(q, backend))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, prefix_k, prefix_v))
+    preferred = auto.listed_backend(q.device, q.shape[-1], grad) if backend == "auto" else ()
+    chosen = resolve("prefix_attention", backend, q.device, _candidates(q, backend), preferred)
     if q.shape[0] * q.shape[2] == 0:
         return _no_rows(q, k, v, prefix_k, prefix_v)
     if chosen == "reference":
