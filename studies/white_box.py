@@ -181,7 +181,8 @@ def study(names: Sequence[str], settings: EvalSettings, *, device: torch.device,
 
 
 # the reader gaps reported beside the readers: (name, learned reader, reader it is taken from)
-GAPS = (("estimator - white box", "estimator", "white box"), ("estimator - fit", "estimator", "fit"))
+GAPS = (("estimator - white box", "estimator", "white box"),
+        ("estimator - fit", "estimator", "fit"))
 
 
 def pooled(result: dict, names: Sequence[str] | None = None) -> dict:
@@ -193,20 +194,20 @@ def pooled(result: dict, names: Sequence[str] | None = None) -> dict:
     rows = list(names) if names is not None else rows
     if not rows:
         raise ValueError("pooled needs at least one model after the base")
+    def values(name: str, kind: str, reader: str) -> np.ndarray:
+        return np.asarray(result["models"][name][kind]["per_sequence"][reader])
+
+    def gap(name: str, kind: str, learned: str, other: str) -> np.ndarray:
+        return values(name, kind, learned) - values(name, kind, other)
+
     out = {}
     for kind in result["models"][base]:
-        def values(name: str, reader: str) -> np.ndarray:
-            return np.asarray(result["models"][name][kind]["per_sequence"][reader])
-
-        def gap(name: str, learned: str, other: str) -> np.ndarray:
-            return values(name, learned) - values(name, other)
-
-        out[kind] = {reader: paired_bootstrap(values(base, reader),
-                                              np.stack([values(n, reader) for n in rows]))
+        out[kind] = {reader: paired_bootstrap(values(base, kind, reader),
+                                              np.stack([values(n, kind, reader) for n in rows]))
                      for reader in READERS}
-        out[kind].update({label: paired_bootstrap(gap(base, a, b),
-                                                  np.stack([gap(n, a, b) for n in rows]))
-                          for label, a, b in GAPS})
+        out[kind].update({label: paired_bootstrap(
+            gap(base, kind, a, b), np.stack([gap(n, kind, a, b) for n in rows]))
+            for label, a, b in GAPS})
     return out
 
 

@@ -71,8 +71,14 @@ def test_final_evaluation_seeds_are_disjoint_from_every_tuning_seed():
     """The reserved sets and their floors share no seed with the tuning or validation sets,
     their floors, the evaluation critic's generations (3500-3502) or the camera fit's renders
     (321); the validation sets share none with the tuning sets."""
-    from wc_fast.eval import (EVAL_SEED, FINAL_EVAL_SEED, FLOOR_SEED_OFFSET, KINDS, SEED_SETS,
-                              VALIDATION_EVAL_SEED)
+    from wc_fast.eval import (
+        EVAL_SEED,
+        FINAL_EVAL_SEED,
+        FLOOR_SEED_OFFSET,
+        KINDS,
+        SEED_SETS,
+        VALIDATION_EVAL_SEED,
+    )
 
     def seeds(base: int) -> set[int]:
         sets = {base + k for k in range(len(KINDS))}
