@@ -31,9 +31,10 @@ stay alive from one update to the next, as in the trainer):
 Every storage a tensor holds is counted from its creation to its release (its last reference
 gone), and the peak is kept, by category at that moment (frozen parameters, trained
 parameters, the old and reference models' own weights, gradients, optimizer states,
-activations and the rest: ``CATEGORIES``, told apart by the storages' identity): what ``torch.cuda.max_memory_allocated`` measures on a device,
-less what a fake device cannot see (the attention kernels' workspaces, the allocator's
-rounding and fragmentation, CUDA graphs) and less the reward models. ``--compare`` puts
+activations and the rest: ``CATEGORIES``, told apart by the storages' identity): what
+``torch.cuda.max_memory_allocated`` measures on a device, less what a fake device cannot see
+(the attention kernels' workspaces, the allocator's rounding and fragmentation, CUDA graphs)
+and less the reward models. ``--compare`` puts
 ``studies.wan_iteration``'s measured peaks beside (the H200's in ``bench/results/``).
 
 ``torch.distributed._tools.mem_tracker.MemTracker`` does the same by category, but refuses a
