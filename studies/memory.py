@@ -214,8 +214,9 @@ def _worldplay(cfg: config_lib.Config, shape: str):
     m = cfg.model
     side = m.resolution // 16  # HunyuanVideo's VAE: 16x spatial compression
     return WorldPlayWorldModel(WorldPlayConfig(), clip_frames=m.clip_frames,
-                               latent_size=(side, side),
-                               activation_checkpointing=m.activation_checkpointing)
+                               latent_size=(side, side), context_sigma=m.context_sigma,
+                               activation_checkpointing=m.activation_checkpointing,
+                               autocast_dtype=DTYPES[m.dtype])
 
 
 # --model -> (preset whose settings the run takes, builders of the model and of its VAE in
@@ -304,10 +305,15 @@ class _Iteration:
         loss.backward()
         trained = [p for p in self.model.parameters() if p.requires_grad]
         self.counter.label([p.grad for p in trained], "gradients")
+        # the trainer's step guard holds a copy of the trained weights during the step
+        # (Trainer._guarded_step, train.max_update_ratio > 0)
+        before = ([p.detach().clone() for p in trained]
+                  if self.cfg.train.max_update_ratio > 0 else [])
         for opt in self.optimizers:
             opt.step()
             self.counter.label([t for state in opt.state.values() for t in state.values()
                                 if isinstance(t, torch.Tensor)], "optimizer_state")
+        del before
         out["update"] = self._peak(largest)
         return out
 
@@ -372,6 +378,8 @@ def run_config(args: argparse.Namespace, lora: bool | None, checkpointing: bool 
     if checkpointing is not None:
         m.activation_checkpointing = checkpointing
     cfg.nft.keep = min(cfg.nft.keep, ro.group_size // 2)
+    if args.candidate_chunk is not None:
+        ro.candidate_chunk = args.candidate_chunk
     if args.kl is not None:
         cfg.nft.kl_beta = (cfg.nft.kl_beta or 0.1) if args.kl else 0.0
     config_lib.validate(cfg)
@@ -411,7 +419,8 @@ def measure(args: argparse.Namespace, name: str | None, *, fake: bool = True) ->
         setup = {"peak_bytes": counter.live, "by_category": dict(counter.live_by)}
         history = torch.randn(1, 1 + m.clip_frames, *model.clip_shape[1:])
         with unset_fake_temporarily():  # the sampler's schedule: plain numbers it reads
-            sampler = ClipSampler(old, steps=ro.steps, shift=ro.shift, capture="eager")
+            sampler = ClipSampler(old, steps=ro.steps, shift=ro.shift, capture="eager",
+                                  candidate_chunk=ro.candidate_chunk)
         run = _Iteration(cfg, model, copies, optimizers, sampler, codec, history, counter)
         run.phases()  # the first iteration makes the gradients and the optimizers' states
         by_phase = {"setup": setup, **run.phases(args.largest)}
@@ -424,7 +433,8 @@ def measure(args: argparse.Namespace, name: str | None, *, fake: bool = True) ->
     return {"variant": name or args.preset, "lora_rank": m.lora_rank,
             "activation_checkpointing": m.activation_checkpointing, "kl": kl,
             "resolution": m.resolution, "clip_frames": m.clip_frames,
-            "group_size": ro.group_size, "steps": ro.steps, "micro_batch": cfg.nft.micro_batch,
+            "group_size": ro.group_size, "candidate_chunk": ro.candidate_chunk,
+            "steps": ro.steps, "micro_batch": cfg.nft.micro_batch,
             "parameters": total, "trained_parameters": trained,
             "setup_gib": setup["peak_bytes"] / GIB,
             "rollout_peak_gib": by_phase["rollout"]["peak_bytes"] / GIB,
@@ -464,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int)
     parser.add_argument("--steps", type=int, help="sampler steps")
     parser.add_argument("--micro-batch", type=int)
+    parser.add_argument("--candidate-chunk", type=int,
+                        help="candidates the rollout samples at once (rollout.candidate_chunk)")
     parser.add_argument("--lora-rank", type=int)
     parser.add_argument("--kl", action=argparse.BooleanOptionalAction, default=None,
                         help="with (or without) the KL's reference model (default: the "
@@ -506,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         result = {"preset": args.preset, "nproc": 1, "model": study_model(args),
                   "resolution": first["resolution"], "clip_frames": first["clip_frames"],
                   "group_size": first["group_size"], "steps": first["steps"],
-                  "micro_batch": first["micro_batch"], "kl": first["kl"],
+                  "micro_batch": first["micro_batch"], "candidate_chunk": first["candidate_chunk"],
+                  "kl": first["kl"],
                   "whole_copies": args.whole_copies, "compare": args.compare,
                   "peak_bytes": first["peak_bytes"], "by_category": first["by_category"],
                   "by_phase": first["by_phase"], "variants": rows}

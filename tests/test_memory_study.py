@@ -14,7 +14,7 @@ pytest.importorskip("diffusers")
 def _args(**kw) -> argparse.Namespace:
     values = dict(preset=None, model="tiny", variants="full", resolution=64, clip_frames=2,
                   group_size=4, steps=3, micro_batch=4, lora_rank=4, kl=False,
-                  whole_copies=False, largest=0)
+                  whole_copies=False, largest=0, candidate_chunk=None)
     return argparse.Namespace(**{**values, **kw})
 
 
@@ -114,3 +114,10 @@ def test_a_velocity_frees_each_layers_keys_and_values_when_the_layer_is_done(mon
     monkeypatch.setattr(WanWorldModel, "_trunk",
                         lambda self, *a, keep_kv=True, **k: trunk(self, *a, keep_kv=True, **k))
     assert lean < peak()
+
+
+def test_sampling_the_candidates_in_chunks_lowers_the_rollouts_peak():
+    whole, chunked = (memory.measure(_args(group_size=8, candidate_chunk=c), "lora")
+                      for c in (None, 2))
+    assert chunked["rollout_peak_gib"] < whole["rollout_peak_gib"]
+    assert chunked["setup_gib"] == whole["setup_gib"]

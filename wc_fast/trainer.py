@@ -230,7 +230,8 @@ class Trainer:
         capture = "eager" if self.sharded else ro.capture
         self.sampler = ClipSampler(self.old, steps=ro.steps, shift=ro.shift, capture=capture,
                                    candidate_noise=ro.candidate_noise, sde_noise=ro.sde_noise,
-                                   noise_warp=ro.noise_warp)
+                                   noise_warp=ro.noise_warp,
+                                   candidate_chunk=ro.candidate_chunk)
         self.explore = MotionExploration(action=ro.action_exploration, warp=ro.warp_exploration)
         why_not = compile_unavailable(device) if cfg.nft.compile else None
         if why_not:
