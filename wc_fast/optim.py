@@ -137,19 +137,19 @@ def freeze_untrained(model: WorldModel, trainable: str) -> None:
 
 
 def hold_frozen_matrices_in(model: WorldModel, dtype: torch.dtype) -> int:
-    """Cast every frozen ``nn.Linear`` of the transformer blocks (``model.shard_units()``) among
-    ``model.hidden_matrices()`` (their attention and MLP layers; a LoRA adapter's base layer is
-    one) to ``dtype``, the model's autocast dtype, in place; returns how many were cast.
+    """Cast every frozen ``nn.Linear`` of the transformer blocks (``model.shard_units()``:
+    their attention and MLP layers, a LoRA adapter's base layer, and in a frozen copy such as
+    the KL's reference its adapters and conditioning layers too) to ``dtype``, the model's
+    autocast dtype, in place; returns how many were cast.
 
     The blocks run under ``torch.autocast`` to ``dtype``, where a linear layer casts an fp32
     weight to ``dtype`` on every call: holding the frozen ones in ``dtype`` gives the same bits
     with half their memory (most of a LoRA run's model). Trained layers keep fp32 masters, and
     layers outside the blocks (embedders that may run outside autocast) stay as they are."""
-    hidden = {id(p) for p in model.hidden_matrices()}
     cast = 0
     for unit in model.shard_units():
         for module in unit.modules():
-            if (isinstance(module, torch.nn.Linear) and id(module.weight) in hidden
+            if (isinstance(module, torch.nn.Linear) and module.weight.dtype != dtype
                     and not any(p.requires_grad for p in module.parameters(recurse=False))):
                 module.to(dtype)
                 cast += 1
