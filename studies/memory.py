@@ -5,7 +5,8 @@
                              [--variants full,...] [--resolution 256] [--clip-frames 4]
                              [--group-size 12] [--steps 10] [--micro-batch 8]
                              [--lora-rank 16] [--kl | --no-kl] [--whole-copies]
-                             [--largest N] [--compare WAN_ITERATION_JSON] [--json PATH]
+                             [--largest N] [--nproc N] [--compare WAN_ITERATION_JSON]
+                             [--json PATH]
 
 ``--preset P`` measures that preset's run: its backbone's model shape, resolution, clip frames,
 group size, sampler steps, micro-batch, LoRA rank, checkpointing, trained weights and KL; each
@@ -37,6 +38,12 @@ activations and the rest: ``CATEGORIES``, told apart by the storages' identity):
 and less the reward models. ``--compare`` puts
 ``studies.wan_iteration``'s measured peaks beside (the H200's in ``bench/results/``).
 
+``--nproc N`` measures rank 0 of ``N`` under FSDP2 in this one process: a fake process group
+(``torch.testing._internal.distributed.fake_pg``: collectives that move nothing) and the
+trainer's own sharding (``wc_fast.distributed.shard_model``) after it has put each model whole
+on the device (the setup's peak), the sharded parameters, gradients and optimizer states and
+each unit's gathered parameters counted as the rank holds them.
+
 ``torch.distributed._tools.mem_tracker.MemTracker`` does the same by category, but refuses a
 module that runs twice in one iteration, which every block here does (the history cache, then
 the velocity); the count below is by storage alone.
@@ -53,11 +60,15 @@ import weakref
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from wc_fast import config as config_lib
+from wc_fast.distributed import shard_model
 from wc_fast.models.tiny_dit import DTYPES
 from wc_fast.optim import build_optimizers, freeze_untrained, frozen_copy, hold_frozen_matrices_in
 from wc_fast.runtime import generator
@@ -99,31 +110,49 @@ class LiveBytes(TorchDispatchMode):
 
     def _free(self, key: int) -> None:
         if self._rising:  # the live set leaves a new peak: keep what it held
-            self.at_peak = [tuple(r[2:]) for r in self._records.values()]
-            self._rising = False
+            self._keep_peak()
         nbytes, category = self._records.pop(key)[:2]
         self.live -= nbytes
         self.live_by[category] -= nbytes
 
-    def _track(self, t: torch.Tensor, op: str = "") -> list:
-        """The record ``[nbytes, category, op, shape, dtype, nbytes]`` of ``t``'s storage,
-        counted from now if it was not yet."""
-        storage = t.untyped_storage()
-        key = self._seen.get(storage)
-        if key is not None:
-            return self._records[key]
-        nbytes = storage.nbytes()
-        key = id(storage)
-        self._seen[storage] = key
-        self._records[key] = record = [nbytes, OTHER, op, tuple(t.shape), str(t.dtype), nbytes]
+    def _keep_peak(self) -> None:
+        self.at_peak = [(op, shape, dtype, nbytes)
+                        for nbytes, _, op, shape, dtype in self._records.values()]
+        self._rising = False
+
+    def _grow(self, record: list, nbytes: int) -> None:
+        """Count ``nbytes`` more (or fewer) in ``record``'s storage."""
+        if nbytes < 0 and self._rising:
+            self._keep_peak()
+        record[0] += nbytes
         self.live += nbytes
-        self.live_by[OTHER] += nbytes
-        weakref.finalize(storage, self._free, key)
+        self.live_by[record[1]] += nbytes
         if self.live > self.peak:
             self.peak = self.live
             self.peak_by = dict(self.live_by)
             self._rising = self.trace
+
+    def _track(self, t: torch.Tensor, op: str = "") -> list:
+        """The record ``[nbytes, category, op, shape, dtype]`` of ``t``'s storage, counted
+        from now if it was not yet."""
+        if isinstance(t, DTensor):  # its wrapper holds no memory: the rank's shard does
+            t = t._local_tensor
+        storage = t.untyped_storage()
+        key = self._seen.get(storage)
+        if key is not None:
+            return self._records[key]
+        key = id(storage)
+        self._seen[storage] = key
+        self._records[key] = record = [0, OTHER, op, tuple(t.shape), str(t.dtype)]
+        weakref.finalize(storage, self._free, key)
+        self._grow(record, storage.nbytes())
         return record
+
+    def resized(self, t: torch.Tensor) -> None:
+        """Count ``t``'s storage at its size now: a storage resized in place (FSDP2 frees
+        and reallocates a unit's gathered parameters so) runs no op this mode sees."""
+        record = self._track(t)
+        self._grow(record, t.untyped_storage().nbytes() - record[0])
 
     def label(self, tensors, category: str) -> None:
         """Count the storages of ``tensors`` (DTensors: their local shards) under
@@ -134,7 +163,7 @@ class LiveBytes(TorchDispatchMode):
         for t in tensors:
             if t is None:
                 continue
-            record = self._track(t.to_local() if hasattr(t, "to_local") else t)
+            record = self._track(t)
             if record[1] == OTHER and category != OTHER:
                 self.live_by[OTHER] -= record[0]
                 self.live_by[category] += record[0]
@@ -143,9 +172,8 @@ class LiveBytes(TorchDispatchMode):
     def reset_peak(self) -> None:
         self.peak = self.live
         self.peak_by = dict(self.live_by)
-        self._rising = False
         if self.trace:
-            self.at_peak = [tuple(r[2:]) for r in self._records.values()]
+            self._keep_peak()
 
     def largest(self, count: int) -> list[tuple[int, str, tuple[int, ...], str, int]]:
         """The ``count`` largest groups of storages alive at the peak, by creating op, shape
@@ -287,23 +315,36 @@ class _Iteration:
         frames = self.codec.decode(torch.cat([context, clips], dim=1))
         del frames
         out["decode"] = self._peak(largest)
+        self._update(history, cache)
+        out["update"] = self._peak(largest)
+        return out
+
+    def _update(self, history: torch.Tensor, cache) -> None:
+        """One update of one micro-batch as ``Trainer.update`` runs it: the current model's
+        history cache (``nft.context_kv`` recompute) and the reference's, the velocities, the
+        NFT loss and its backward; those caches and activations freed (``_accumulate``
+        returns), then the guarded optimizer step, and the gradients freed after it."""
+        model, old, refs = self.model, self.copies[0], self.copies[1:]
         rows = self.cfg.nft.micro_batch
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        x_t = torch.randn(rows, *self.model.clip_shape)
+        x_t = torch.randn(rows, *model.clip_shape)
         sigma = torch.rand(rows)
         with torch.no_grad():
-            current = self.model.build_cache_parallel(history, self.history_actions,
-                                                      sigma=self.model.context_sigma)
-        v = self.model.velocity(x_t, sigma, self.actions, current)
+            current = model.build_cache_parallel(history, self.history_actions,
+                                                 sigma=model.context_sigma)
+            ref_caches = [ref.build_cache_parallel(history, self.history_actions,
+                                                   sigma=ref.context_sigma) for ref in refs]
+        v = model.velocity(x_t, sigma, self.actions, current)
         with torch.no_grad():
             v_old = old.velocity(x_t, sigma, self.actions, cache)
-            for ref in self.copies[1:]:
-                ref.velocity(x_t, sigma, self.actions, cache)
+            for ref, ref_cache in zip(refs, ref_caches, strict=True):
+                ref.velocity(x_t, sigma, self.actions, ref_cache)
         loss = nft_loss(v, v_old, torch.randn_like(v), torch.rand(rows), beta=1.0,
                         backend="reference")
         loss.backward()
-        trained = [p for p in self.model.parameters() if p.requires_grad]
+        del current, ref_caches, v, v_old, loss
+        trained = [p for p in model.parameters() if p.requires_grad]
         self.counter.label([p.grad for p in trained], "gradients")
         # the trainer's step guard holds a copy of the trained weights during the step
         # (Trainer._guarded_step, train.max_update_ratio > 0)
@@ -313,24 +354,23 @@ class _Iteration:
             opt.step()
             self.counter.label([t for state in opt.state.values() for t in state.values()
                                 if isinstance(t, torch.Tensor)], "optimizer_state")
+        self.after_step = {"peak_bytes": self.counter.live,
+                           "by_category": dict(self.counter.live_by)}
         del before
-        out["update"] = self._peak(largest)
-        return out
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
 
 
 def _label_setup(counter: LiveBytes, model, copies, vae) -> None:
     """Label what the setup made: the model's trained parameters, its frozen ones, buffers
     and the VAE's weights (frozen), and what the old and reference models hold of their own
-    (the frozen weights they share keep the model's label); gradients are labelled as
-    autograd accumulates them."""
+    (the frozen weights they share keep the model's label)."""
     trained = [p for p in model.parameters() if p.requires_grad]
     counter.label(trained, "trained_parameters")
     counter.label([*model.parameters(), *model.buffers(), *vae.parameters(), *vae.buffers()],
                   "frozen_parameters")
     for c in copies:
         counter.label([*c.parameters(), *c.buffers()], "old_reference")
-    for p in trained:
-        p.register_post_accumulate_grad_hook(lambda q: counter.label([q.grad], "gradients"))
 
 
 # the study's model of each backbone a preset names
@@ -338,6 +378,42 @@ BACKBONE_MODELS = {"wan": "wan2.1-1.3b", "worldplay": "worldplay-8b"}
 # the values of the overriding flags when no --preset is given
 DEFAULTS = {"resolution": 256, "clip_frames": 4, "group_size": 12, "steps": 10,
             "micro_batch": 8, "lora_rank": 16}
+
+
+@contextlib.contextmanager
+def _counting_fsdp_resizes(counter: LiveBytes):
+    """FSDP2's storage resizes (``alloc_storage``, ``free_storage``: a unit's gathered
+    parameters allocated before its forward and freed after it) told to ``counter``."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    def counted(resize):
+        def run(tensor: torch.Tensor) -> None:
+            resize(tensor)
+            counter.resized(tensor)
+        return run
+
+    saved = [(module, name, getattr(module, name)) for module in (_fsdp_param, _fsdp_param_group)
+             for name in ("alloc_storage", "free_storage") if hasattr(module, name)]
+    for module, name, resize in saved:
+        setattr(module, name, counted(resize))
+    try:
+        yield
+    finally:
+        for module, name, resize in saved:
+            setattr(module, name, resize)
+
+
+def _join_fake_group(nproc: int) -> None:
+    """Make this process rank 0 of ``nproc`` in a fake process group (its collectives move
+    nothing), where FSDP2 shards and gathers as on one rank of ``nproc``."""
+    if dist.is_initialized():
+        if dist.get_world_size() != nproc:
+            raise ValueError(f"--nproc {nproc}: this process already belongs to a group of "
+                             f"{dist.get_world_size()}")
+        return
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=nproc)
 
 
 def study_model(args: argparse.Namespace) -> str:
@@ -366,6 +442,11 @@ def run_config(args: argparse.Namespace, lora: bool | None, checkpointing: bool 
     flags = {name: getattr(args, name) for name in DEFAULTS}
     if not args.preset:
         cfg.optim.trainable = "all"
+        if args.nproc > 1:
+            cfg.train.distributed = "fsdp2"
+    if args.nproc < 1 or (args.nproc > 1 and cfg.train.distributed != "fsdp2"):
+        raise ValueError(f"--nproc: 1, or more with train.distributed fsdp2 (the preset's is "
+                         f"{cfg.train.distributed}), got {args.nproc}")
         flags = {name: DEFAULTS[name] if value is None else value
                  for name, value in flags.items()}
     m, ro = cfg.model, cfg.rollout
@@ -394,8 +475,12 @@ def measure(args: argparse.Namespace, name: str | None, *, fake: bool = True) ->
     cfg = run_config(args, lora, checkpointing)
     m, ro = cfg.model, cfg.rollout
     model_name = study_model(args)
+    sharded = args.nproc > 1
+    if sharded:
+        _join_fake_group(args.nproc)
     # built on the meta device as the trainer builds it (LoRA, frozen matrices cast, the old
-    # model): ``Module.to`` cannot swap fake parameters, meta ones it can
+    # model; under FSDP2 whole copies and fp32 matrices): ``Module.to`` cannot swap fake
+    # parameters, meta ones it can
     _, build_model, build_vae, build_codec = MODELS[model_name]
     with torch.device("meta"):
         model = build_model(cfg, model_name)
@@ -403,20 +488,38 @@ def measure(args: argparse.Namespace, name: str | None, *, fake: bool = True) ->
         if m.lora_rank:
             model.add_lora(m.lora_rank, m.lora_alpha, m.lora_targets, seed=cfg.train.seed)
         freeze_untrained(model, cfg.optim.trainable)
-        if not args.whole_copies:
+        if not (args.whole_copies or sharded):
             hold_frozen_matrices_in(model, DTYPES[m.dtype])
         kl = cfg.nft.kl_beta > 0
         copies = [copy.deepcopy(model).eval().requires_grad_(False) if args.whole_copies
-                  else frozen_copy(model) for _ in range(2 if kl else 1)]
+                  else frozen_copy(model, share_untrained=not sharded)
+                  for _ in range(2 if kl else 1)]
+        if not (args.whole_copies or sharded):
+            for ref in copies[1:]:  # as the trainer holds the reference
+                hold_frozen_matrices_in(ref, DTYPES[m.dtype])
     counter = LiveBytes(trace=args.largest > 0)
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-    with mode, counter:
+    resizes = _counting_fsdp_resizes(counter) if sharded else contextlib.nullcontext()
+    with mode, counter, resizes:
         _materialise([model, *copies, vae])
+        _label_setup(counter, model, copies, vae)
+        counter.reset_peak()  # the peak so far is what lives now, labelled
+        if sharded:
+            with unset_fake_temporarily():  # the mesh reads its ranks
+                mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+            # as the trainer: each model whole on the device, then sharded
+            for module in (model, *copies):
+                shard_model(module, dist.group.WORLD, "cpu", mesh=mesh)
+                _label_setup(counter, model, copies, vae)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(
+                    lambda q: counter.label([q.grad], "gradients"))
         codec = build_codec(vae, m.resolution)
         old = copies[0]
-        _label_setup(counter, model, copies, vae)
         optimizers = build_optimizers(model, cfg.optim)
-        setup = {"peak_bytes": counter.live, "by_category": dict(counter.live_by)}
+        setup = {"peak_bytes": counter.peak, "by_category": dict(counter.peak_by)}
+        setup_live = counter.live
         history = torch.randn(1, 1 + m.clip_frames, *model.clip_shape[1:])
         with unset_fake_temporarily():  # the sampler's schedule: plain numbers it reads
             sampler = ClipSampler(old, steps=ro.steps, shift=ro.shift, capture="eager",
@@ -426,9 +529,10 @@ def measure(args: argparse.Namespace, name: str | None, *, fake: bool = True) ->
         by_phase = {"setup": setup, **run.phases(args.largest)}
         # what stays alive from one iteration to the next
         kept = {"peak_bytes": counter.live, "by_category": dict(counter.live_by)}
+        after_step = run.after_step
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
         total = sum(p.numel() for p in model.parameters())
-    top = max(PHASES, key=lambda phase: by_phase[phase]["peak_bytes"])
+    top = max(by_phase, key=lambda phase: by_phase[phase]["peak_bytes"])
     peak = by_phase[top]["peak_bytes"]
     return {"variant": name or args.preset, "lora_rank": m.lora_rank,
             "activation_checkpointing": m.activation_checkpointing, "kl": kl,
@@ -436,12 +540,13 @@ def measure(args: argparse.Namespace, name: str | None, *, fake: bool = True) ->
             "group_size": ro.group_size, "candidate_chunk": ro.candidate_chunk,
             "steps": ro.steps, "micro_batch": cfg.nft.micro_batch,
             "parameters": total, "trained_parameters": trained,
-            "setup_gib": setup["peak_bytes"] / GIB,
+            "nproc": args.nproc, "setup_gib": setup_live / GIB,
             "rollout_peak_gib": by_phase["rollout"]["peak_bytes"] / GIB,
             "reward_peak_gib": by_phase["decode"]["peak_bytes"] / GIB,
             "update_peak_gib": by_phase["update"]["peak_bytes"] / GIB, "peak_gib": peak / GIB,
             "peak_bytes": peak, "peak_phase": top,
-            "by_category": by_phase[top]["by_category"], "by_phase": by_phase, "kept": kept}
+            "by_category": by_phase[top]["by_category"], "by_phase": by_phase,
+            "after_step": after_step, "kept": kept}
 
 
 def _print_categories(row: dict) -> None:
@@ -489,6 +594,9 @@ def main(argv: list[str] | None = None) -> int:
                              "peak, by creating op, shape and dtype")
     parser.add_argument("--compare", default=None, metavar="JSON",
                         help="a studies.wan_iteration JSON whose measured peaks to show beside")
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="measure one rank of this many under FSDP2 (the preset's "
+                             "train.distributed must be fsdp2)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     names: list[str | None] = ([None] if args.preset and args.variants is None else
@@ -515,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_categories(row)
     if args.json:
         first = rows[0]
-        result = {"preset": args.preset, "nproc": 1, "model": study_model(args),
+        result = {"preset": args.preset, "nproc": args.nproc, "model": study_model(args),
                   "resolution": first["resolution"], "clip_frames": first["clip_frames"],
                   "group_size": first["group_size"], "steps": first["steps"],
                   "micro_batch": first["micro_batch"], "candidate_chunk": first["candidate_chunk"],

@@ -14,7 +14,7 @@ pytest.importorskip("diffusers")
 def _args(**kw) -> argparse.Namespace:
     values = dict(preset=None, model="tiny", variants="full", resolution=64, clip_frames=2,
                   group_size=4, steps=3, micro_batch=4, lora_rank=4, kl=False,
-                  whole_copies=False, largest=0, candidate_chunk=None)
+                  whole_copies=False, largest=0, candidate_chunk=None, nproc=1)
     return argparse.Namespace(**{**values, **kw})
 
 
@@ -43,12 +43,14 @@ def test_the_categories_at_each_peak_sum_to_it_and_name_the_trained_weights(vari
         lora = {id(p) for p in (*model.lora_parameters(), *model.conditioning_parameters())}
         assert {id(p) for p in trained} == lora
     trained_bytes = sum(p.numel() * 4 for p in trained)  # fp32 masters
-    setup, kept = row["by_phase"]["setup"]["by_category"], row["kept"]["by_category"]
+    setup, step = row["by_phase"]["setup"]["by_category"], row["after_step"]["by_category"]
+    kept = row["kept"]["by_category"]
     assert setup["trained_parameters"] == kept["trained_parameters"] == trained_bytes
     # the old model's and the reference's own copies of the trained weights (and buffers)
     assert setup["old_reference"] >= 2 * trained_bytes
-    assert setup["gradients"] == 0 and kept["gradients"] == trained_bytes
-    assert kept["optimizer_state"] >= trained_bytes
+    # the gradients from the backward until the trainer frees them after the step
+    assert setup["gradients"] == kept["gradients"] == 0 and step["gradients"] == trained_bytes
+    assert step["optimizer_state"] == kept["optimizer_state"] >= trained_bytes
     assert setup["frozen_parameters"] > 0
     assert 0 < len(row["by_phase"]["update"]["largest"]) <= 3
 
@@ -121,3 +123,25 @@ def test_sampling_the_candidates_in_chunks_lowers_the_rollouts_peak():
                       for c in (None, 2))
     assert chunked["rollout_peak_gib"] < whole["rollout_peak_gib"]
     assert chunked["setup_gib"] == whole["setup_gib"]
+
+
+@pytest.fixture
+def fake_group():
+    """Leave no process group behind for the tests after."""
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def test_one_rank_of_two_under_fsdp2_holds_half_the_weights_as_real_tensors_do(fake_group):
+    one = memory.measure(_args(kl=True), "full")
+    fake = memory.measure(_args(kl=True, nproc=2), "full")
+    real = memory.measure(_args(kl=True, nproc=2), "full", fake=False)
+    assert fake["by_phase"] == real["by_phase"] and fake["kept"] == real["kept"]
+    whole, shard = one["kept"]["by_category"], fake["kept"]["by_category"]
+    for category in ("trained_parameters", "old_reference", "optimizer_state"):
+        # half, and the padding of rows that do not split evenly
+        assert 0.45 * whole[category] < shard[category] < 0.6 * whole[category], category
+    # the setup's peak: every model whole on the rank before it is sharded
+    assert fake["by_phase"]["setup"]["peak_bytes"] >= one["setup_gib"] * memory.GIB
+    assert fake["setup_gib"] < one["setup_gib"]
