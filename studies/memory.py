@@ -338,12 +338,12 @@ class _Iteration:
         v = model.velocity(x_t, sigma, self.actions, current)
         with torch.no_grad():
             v_old = old.velocity(x_t, sigma, self.actions, cache)
-            for ref, ref_cache in zip(refs, ref_caches, strict=True):
-                ref.velocity(x_t, sigma, self.actions, ref_cache)
+            v_refs = [ref.velocity(x_t, sigma, self.actions, c)
+                      for ref, c in zip(refs, ref_caches, strict=True)]
         loss = nft_loss(v, v_old, torch.randn_like(v), torch.rand(rows), beta=1.0,
                         backend="reference")
         loss.backward()
-        del current, ref_caches, v, v_old, loss
+        del current, ref_caches, v, v_old, v_refs, loss
         trained = [p for p in model.parameters() if p.requires_grad]
         self.counter.label([p.grad for p in trained], "gradients")
         # the trainer's step guard holds a copy of the trained weights during the step
