@@ -106,11 +106,35 @@ class ShardedMuon(GroupedMuon):
     gradient, 23% on a nearly rank-4 one). Here each matrix, its gradient and its momentum are
     gathered, the grouped Muon step updates the full copies, and every rank keeps its shard of
     the result. Every rank repeats the Newton-Schulz work; the state layout is Muon's, so
-    checkpoints are interchangeable.
+    checkpoints are interchangeable. The matrices are gathered in runs of at most
+    ``gather_bytes`` of whole weights (a single larger matrix alone), each run's copies freed
+    before the next is gathered: gathering all at once held three whole copies of every
+    matrix (WorldPlay-8B: 61 GiB per rank at its step).
     """
+
+    gather_bytes = 2**30
 
     def _update(self, params: list[Tensor], grads: list[Tensor], bufs: list[Tensor],
                 group: dict) -> None:
+        for run in self._runs(params):
+            self._update_whole([params[i] for i in run], [grads[i] for i in run],
+                               [bufs[i] for i in run], group)
+
+    def _runs(self, params: list[Tensor]) -> list[list[int]]:
+        """Consecutive indices of ``params`` in runs of at most :attr:`gather_bytes` whole."""
+        runs: list[list[int]] = [[]]
+        size = 0
+        for i, p in enumerate(params):
+            nbytes = p.numel() * p.element_size()
+            if runs[-1] and size + nbytes > self.gather_bytes:
+                runs.append([])
+                size = 0
+            runs[-1].append(i)
+            size += nbytes
+        return [run for run in runs if run]
+
+    def _update_whole(self, params: list[Tensor], grads: list[Tensor], bufs: list[Tensor],
+                      group: dict) -> None:
         full = [[t.full_tensor() if isinstance(t, DTensor) else t.clone() for t in ts]
                 for ts in (params, grads, bufs)]
         super()._update(*full, group)
