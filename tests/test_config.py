@@ -82,6 +82,7 @@ def test_slots_reject_unknown_attributes():
     ("reward.trajectory_weights", "1.0,-1.0", "reward.trajectory_weights"),
     ("reward.std", "batch", "reward.std"),
     ("rollout.group_size", "1", "rollout.group_size"),
+    ("rollout.candidate_chunk", "-1", "rollout.candidate_chunk"),
     ("model.dim", "100", "model.dim"),
     ("optim.lr", "0", "optim.lr"),
     ("ema.schedule", "cosine", "ema.schedule"),
@@ -126,7 +127,8 @@ def test_fsdp2_refuses_what_it_cannot_shard(path, value):
 @pytest.mark.parametrize("path,value", [("rollout.sde_noise", "0"),
                                         ("rollout.candidate_noise", "sde"),
                                         ("rollout.mode", "sample"),
-                                        ("rollout.steps", "1")])
+                                        ("rollout.steps", "1"),
+                                        ("rollout.candidate_chunk", "4")])
 def test_flow_grpo_refuses_rollouts_it_cannot_train_on(path, value):
     cfg = C.preset("paper")
     C.apply_override(cfg, path, value)

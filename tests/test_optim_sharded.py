@@ -1,5 +1,6 @@
 """ShardedMuon on FSDP2-style sharded matrices equals GroupedMuon on the whole matrices."""
 
+import pytest
 import torch
 from gloo_ranks import spawn_ranks
 
@@ -22,7 +23,7 @@ def _starts() -> list[torch.Tensor]:
     return [torch.randn(*shape, generator=gen) for shape in SHAPES]
 
 
-def _rank(rank: int, out: str) -> None:
+def _rank(rank: int, out: str, gather_bytes: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -31,6 +32,7 @@ def _rank(rank: int, out: str) -> None:
     mesh = init_device_mesh("cpu", (2,))
     params = [torch.nn.Parameter(distribute_tensor(t, mesh, [Shard(0)])) for t in _starts()]
     opt = ShardedMuon(params, lr=0.05, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
+    opt.gather_bytes = gather_bytes
     for grads in _gradients():
         for param, grad in zip(params, grads, strict=True):
             param.grad = distribute_tensor(grad, mesh, [Shard(0)])
@@ -41,9 +43,11 @@ def _rank(rank: int, out: str) -> None:
         torch.save({"params": result, "momentum": momentum}, out)
 
 
-def test_sharded_muon_equals_grouped_muon_on_the_whole_matrices(tmp_path):
+@pytest.mark.parametrize("gather_bytes", [2**30, 97 * 33 * 4])
+def test_sharded_muon_equals_grouped_muon_on_the_whole_matrices(tmp_path, gather_bytes):
+    """All matrices gathered at once, or one at a time (the batched pair split)."""
     out = str(tmp_path / "sharded.pt")
-    spawn_ranks(_rank, (out,), tmp_path)
+    spawn_ranks(_rank, (out, gather_bytes), tmp_path)
     sharded = torch.load(out)
     params = [torch.nn.Parameter(t) for t in _starts()]
     opt = GroupedMuon(params, lr=0.05, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
@@ -55,3 +59,15 @@ def test_sharded_muon_equals_grouped_muon_on_the_whole_matrices(tmp_path):
         torch.testing.assert_close(sharded["params"][i], param.detach(), rtol=0, atol=0)
         torch.testing.assert_close(sharded["momentum"][i], opt.state[param]["momentum_buffer"],
                                    rtol=0, atol=0)
+
+
+def test_sharded_muon_gathers_runs_of_at_most_gather_bytes():
+    from wc_fast.optim import ShardedMuon
+
+    params = [torch.nn.Parameter(torch.zeros(*shape)) for shape in SHAPES]
+    opt = ShardedMuon(params, lr=0.05)
+    assert opt._runs(params) == [[0, 1, 2]]
+    opt.gather_bytes = 2 * 97 * 33 * 4
+    assert opt._runs(params) == [[0, 1], [2]]
+    opt.gather_bytes = 1  # a matrix larger than the budget goes alone
+    assert opt._runs(params) == [[0], [1], [2]]

@@ -106,12 +106,62 @@ def test_compiled_cpu_path_equals_eager():
     torch.testing.assert_close(compiled.clips, eager.clips, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("candidate_noise", ["independent", "sde"])
+def test_candidates_sampled_in_chunks_are_those_of_one_batch(candidate_noise):
+    """Chunks of candidates over the one shared cache draw the group's noise as one batch
+    does, and give each chunk exactly what sampling that chunk alone from its noise gives.
+    Against one batch of all five, the clips agree to float rounding: the CPU's fp32 matmul
+    kernels pick their summation order by the batch's shape (a single candidate's velocity
+    differs from its row of a batch of five by up to 3e-6 at values up to 24; after 4 steps
+    the clips by up to 5e-6)."""
+    model = _tiny_model()
+    cache = _cache(model)
+    actions = torch.tensor([[9, 1], [0, 3], [2, 2], [5, 0], [1, 1]])
+    offsets = {"action_offset": torch.randn(5, 8, generator=torch.Generator().manual_seed(4))}
+
+    def sampler(chunk: int) -> ClipSampler:
+        return ClipSampler(model, steps=4, candidate_noise=candidate_noise,
+                           candidate_chunk=chunk)
+
+    whole = sampler(0).sample(cache, actions, num=5, offsets=offsets,
+                              generator=torch.Generator().manual_seed(1))
+    for chunk in (1, 2, 5, 8):
+        run = sampler(chunk).sample(cache, actions, num=5, offsets=offsets,
+                                    generator=torch.Generator().manual_seed(1))
+        assert torch.equal(run.noise, whole.noise)
+        for i in range(0, 5, chunk):
+            rows = slice(i, i + chunk)
+            alone = sampler(0).sample(
+                cache, actions[rows], num=len(actions[rows]), noise=whole.noise[rows],
+                step_noise=None if whole.step_noise is None else whole.step_noise[:, rows],
+                offsets={k: t[rows] for k, t in offsets.items()})
+            assert torch.equal(run.clips[rows], alone.clips)
+        torch.testing.assert_close(run.clips, whole.clips, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(whole.clips[0], whole.clips[1])
+
+
+def test_a_wan_model_samples_its_candidates_in_chunks_as_in_one_batch():
+    from test_wan_world_model import latents, tiny_model
+
+    model = tiny_model()
+    with torch.no_grad():
+        cache = model.build_cache_parallel(latents(1, 5), torch.zeros(1, 5, dtype=torch.long),
+                                           sigma=0.0)
+    actions = torch.zeros(model.clip_frames, dtype=torch.long)
+    whole, chunked = (ClipSampler(model, steps=3, candidate_chunk=chunk).sample(
+        cache, actions, num=3, generator=torch.Generator().manual_seed(2)) for chunk in (0, 2))
+    assert torch.equal(chunked.noise, whole.noise)
+    torch.testing.assert_close(chunked.clips, whole.clips, rtol=1e-5, atol=1e-5)
+
+
 def test_bad_options():
     model = _tiny_model()
     with pytest.raises(ValueError, match="capture"):
         ClipSampler(model, capture="graph")
     with pytest.raises(ValueError, match="candidate_noise"):
         ClipSampler(model, candidate_noise="beam")
+    with pytest.raises(ValueError, match="candidate_chunk"):
+        ClipSampler(model, candidate_chunk=-1)
     with pytest.raises(RuntimeError, match="CUDA device"):
         ClipSampler(model, capture="cuda_graph").sample(_cache(model), torch.tensor([0, 0]),
                                                         num=1)

@@ -118,6 +118,7 @@ def test_full_training_keeps_whole_copies():
 
 BF16_MODELS = {
     "tiny": {"model.dtype": "bfloat16"},
+    "tiny_kl": {"model.dtype": "bfloat16", "nft.kl_beta": "0.1"},
     "wan": {"model.dtype": "bfloat16", "model.backbone": "wan", "model.reference_frame": "false",
             "model.dim": "24", "model.heads": "2", "model.depth": "1"},
 }
@@ -141,7 +142,8 @@ def _bf16_run(overrides: dict[str, str], steps: int = 2) -> tuple[Trainer, list]
 @pytest.mark.parametrize("backbone", list(BF16_MODELS))
 def test_frozen_block_matrices_in_bf16_train_bit_for_bit_as_fp32(monkeypatch, backbone):
     """A bf16 model that trains its conditioning holds its frozen block matrices in bf16 (the
-    autocast dtype) and trains exactly as with fp32 ones (whose values, rounded, they are)."""
+    autocast dtype), and the KL's reference every block matrix, and it trains exactly as with
+    fp32 ones (whose values, rounded, they are)."""
     held, held_rows = _bf16_run(BF16_MODELS[backbone])
     hidden = {id(p) for p in held.model.hidden_matrices()}
     in_blocks = [p for unit in held.model.shard_units() for p in unit.parameters()
@@ -154,7 +156,12 @@ def test_frozen_block_matrices_in_bf16_train_bit_for_bit_as_fp32(monkeypatch, ba
     assert all(p.dtype == torch.float32 for p in fp32.model.parameters())
     assert [r.loss for r in held_rows] == [r.loss for r in fp32_rows]
     assert all(r.loss is not None for r in held_rows)
-    for name in ("model", "old"):
+    if held.ref is not None:  # frozen whole: every block matrix held in bf16
+        in_blocks = [m.weight for unit in held.ref.shard_units() for m in unit.modules()
+                     if isinstance(m, torch.nn.Linear)]
+        assert in_blocks and all(w.dtype == torch.bfloat16 for w in in_blocks)
+        assert [r.kl for r in held_rows] == [r.kl for r in fp32_rows]
+    for name in ("model", "old", "ref")[:2 if held.ref is None else 3]:
         for (key, x), y in zip(getattr(held, name).state_dict().items(),
                                getattr(fp32, name).state_dict().values(), strict=True):
             assert torch.equal(x, y.to(x.dtype)), f"{name}.{key}"

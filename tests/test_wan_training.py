@@ -87,6 +87,12 @@ def test_codec_round_trip_shapes_range_and_normalisation(wan_dir):
     torch.testing.assert_close(z[0, :1], (raw - mean) / std)
     small = WanLatentCodec(vae, pixel_size=16).decode(torch.randn(1, 2, Z, 2, 2))
     assert small.shape == (1, 2, 3, 16, 16)
+    # decoded a few frames at a time: each frame's pixels are those of one batch of all
+    many = torch.randn(3, 4, Z, 4, 4)
+    codec.decode_frames = 12
+    whole = codec.decode(many)
+    codec.decode_frames = 5
+    torch.testing.assert_close(codec.decode(many), whole, rtol=0, atol=0)
 
 
 def test_rl_iterations_train_the_wan_model_and_resume_exactly(wan_dir, tmp_path):

@@ -253,3 +253,37 @@ def test_bf16_autocast_stays_close_to_fp32():
         half = model.velocity(x, sigma, actions[0, 1:], cache)
     assert cache.keys[0].dtype == torch.bfloat16 and half.dtype == torch.float32
     assert float((half - full).norm() / full.norm()) < 0.02
+
+
+def test_frozen_block_matrices_in_bf16_predict_what_fp32_ones_do_under_bf16_autocast():
+    """A frozen copy (the KL's reference) holds every block matrix in bf16, the text stream's
+    and the adapters' included: its cache and velocity are those of its fp32 weights to the
+    bit, since bf16 autocast rounds each weight to bf16 on every call anyway."""
+    pytest.importorskip("peft")
+    from wc_fast.optim import frozen_copy, hold_frozen_matrices_in
+
+    model = fixture_model()[0]
+    model.autocast_dtype = torch.bfloat16
+    model.add_lora(4, 0.0, ("img_attn_q", "img_mlp.fc1"))
+    with torch.no_grad():
+        for p in model.lora_parameters():
+            p.normal_(std=0.1)
+    frames, actions = history(5)
+    frames = frames.float()
+    x = torch.randn(2, 4, 4, 4, 4)
+    sigma = torch.tensor([0.4, 0.9])
+
+    def predict(m):
+        with torch.no_grad():
+            cache = m.build_cache_parallel(frames, actions, sigma=0.014)
+            return cache, m.velocity(x, sigma, actions[0, 1:], cache)
+
+    ref = frozen_copy(model)
+    cache, want = predict(ref)
+    assert hold_frozen_matrices_in(ref, torch.bfloat16) > 0
+    blocks = [m for m in ref.double_blocks.modules() if isinstance(m, torch.nn.Linear)]
+    assert blocks and all(m.weight.dtype == torch.bfloat16 for m in blocks)
+    held_cache, got = predict(ref)
+    assert torch.equal(got, want)
+    for a, b in zip(held_cache.keys + held_cache.values, cache.keys + cache.values, strict=True):
+        assert torch.equal(a, b)

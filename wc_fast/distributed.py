@@ -78,8 +78,10 @@ FSDP_FORWARD_METHODS = ("velocity", "extend_cache", "teacher_forced_velocity",
                         "build_cache_parallel")
 
 
-def shard_model(model: nn.Module, group: dist.ProcessGroup, device_type: str) -> nn.Module:
-    """Shard ``model`` across the ranks of ``group`` with FSDP2 (``fully_shard``), in place.
+def shard_model(model: nn.Module, group: dist.ProcessGroup, device_type: str, *,
+                mesh: DeviceMesh | None = None) -> nn.Module:
+    """Shard ``model`` across the ranks of ``group`` with FSDP2 (``fully_shard``), in place
+    (``mesh``: the group's device mesh, when the caller has made it).
 
     Each of ``model.shard_units()`` (the transformer blocks, or their parts) is its own unit
     and the root holds the rest. The root's parameters are also
@@ -90,7 +92,7 @@ def shard_model(model: nn.Module, group: dist.ProcessGroup, device_type: str) ->
     # a block returns its keys/values (views) for the context cache, which only ever
     # concatenates them, never writes them in place: FSDP2's warning about views is moot here
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
-    mesh = DeviceMesh.from_group(group, device_type)
+    mesh = DeviceMesh.from_group(group, device_type) if mesh is None else mesh
     for unit in model.shard_units():
         fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh, reshard_after_forward=True)

@@ -106,11 +106,35 @@ class ShardedMuon(GroupedMuon):
     gradient, 23% on a nearly rank-4 one). Here each matrix, its gradient and its momentum are
     gathered, the grouped Muon step updates the full copies, and every rank keeps its shard of
     the result. Every rank repeats the Newton-Schulz work; the state layout is Muon's, so
-    checkpoints are interchangeable.
+    checkpoints are interchangeable. The matrices are gathered in runs of at most
+    ``gather_bytes`` of whole weights (a single larger matrix alone), each run's copies freed
+    before the next is gathered: gathering all at once held three whole copies of every
+    matrix (WorldPlay-8B: 61 GiB per rank at its step).
     """
+
+    gather_bytes = 2**30
 
     def _update(self, params: list[Tensor], grads: list[Tensor], bufs: list[Tensor],
                 group: dict) -> None:
+        for run in self._runs(params):
+            self._update_whole([params[i] for i in run], [grads[i] for i in run],
+                               [bufs[i] for i in run], group)
+
+    def _runs(self, params: list[Tensor]) -> list[list[int]]:
+        """Consecutive indices of ``params`` in runs of at most :attr:`gather_bytes` whole."""
+        runs: list[list[int]] = [[]]
+        size = 0
+        for i, p in enumerate(params):
+            nbytes = p.numel() * p.element_size()
+            if runs[-1] and size + nbytes > self.gather_bytes:
+                runs.append([])
+                size = 0
+            runs[-1].append(i)
+            size += nbytes
+        return [run for run in runs if run]
+
+    def _update_whole(self, params: list[Tensor], grads: list[Tensor], bufs: list[Tensor],
+                      group: dict) -> None:
         full = [[t.full_tensor() if isinstance(t, DTensor) else t.clone() for t in ts]
                 for ts in (params, grads, bufs)]
         super()._update(*full, group)
@@ -137,19 +161,19 @@ def freeze_untrained(model: WorldModel, trainable: str) -> None:
 
 
 def hold_frozen_matrices_in(model: WorldModel, dtype: torch.dtype) -> int:
-    """Cast every frozen ``nn.Linear`` of the transformer blocks (``model.shard_units()``) among
-    ``model.hidden_matrices()`` (their attention and MLP layers; a LoRA adapter's base layer is
-    one) to ``dtype``, the model's autocast dtype, in place; returns how many were cast.
+    """Cast every frozen ``nn.Linear`` of the transformer blocks (``model.shard_units()``:
+    their attention and MLP layers, a LoRA adapter's base layer, and in a frozen copy such as
+    the KL's reference its adapters and conditioning layers too) to ``dtype``, the model's
+    autocast dtype, in place; returns how many were cast.
 
     The blocks run under ``torch.autocast`` to ``dtype``, where a linear layer casts an fp32
     weight to ``dtype`` on every call: holding the frozen ones in ``dtype`` gives the same bits
     with half their memory (most of a LoRA run's model). Trained layers keep fp32 masters, and
     layers outside the blocks (embedders that may run outside autocast) stay as they are."""
-    hidden = {id(p) for p in model.hidden_matrices()}
     cast = 0
     for unit in model.shard_units():
         for module in unit.modules():
-            if (isinstance(module, torch.nn.Linear) and id(module.weight) in hidden
+            if (isinstance(module, torch.nn.Linear) and module.weight.dtype != dtype
                     and not any(p.requires_grad for p in module.parameters(recurse=False))):
                 module.to(dtype)
                 cast += 1

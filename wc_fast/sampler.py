@@ -100,7 +100,8 @@ class ClipSampler:
 
     def __init__(self, model: WorldModel, *, steps: int = 40, shift: float = 5.0,
                  capture: str = "auto", candidate_noise: str = "independent",
-                 sde_noise: float = 0.7, noise_warp: float = 0.0) -> None:
+                 sde_noise: float = 0.7, noise_warp: float = 0.0,
+                 candidate_chunk: int = 0) -> None:
         if capture not in CAPTURE_MODES:
             raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
         if candidate_noise not in CANDIDATE_NOISE_MODES:
@@ -110,12 +111,16 @@ class ClipSampler:
             raise ValueError(f"sde_noise must lie in [0, 1], got {sde_noise!r}")
         if not 0.0 <= noise_warp <= 1.0:
             raise ValueError(f"noise_warp must lie in [0, 1], got {noise_warp!r}")
+        if isinstance(candidate_chunk, bool) or not isinstance(candidate_chunk, int) \
+                or candidate_chunk < 0:
+            raise ValueError(f"candidate_chunk must be an int >= 0, got {candidate_chunk!r}")
         self.model = model
         self.sigmas = sigma_schedule(steps, shift).tolist()
         self.capture = capture
         self.candidate_noise = candidate_noise
         self.sde_noise = sde_noise
         self.noise_warp = noise_warp
+        self.candidate_chunk = candidate_chunk
         self._compiled_step = None
         self._graphs: dict[tuple, _CapturedLoop] = {}
 
@@ -133,7 +138,9 @@ class ClipSampler:
         given noise is used as it is. ``offsets``: per-candidate inputs ``[num, ...]`` passed to
         the model's ``velocity`` by keyword (``action_offset``: a soft change of each
         candidate's pressed keys; ``affine_offset``: a camera motion imposed by the embedded
-        model's warp head), with which rollouts explore camera motion.
+        model's warp head), with which rollouts explore camera motion. With
+        ``candidate_chunk`` the candidates are integrated that many at a time, from the noise
+        drawn for all ``num``.
         """
         device = self._device()
         shape = self._clip_shape(num)
@@ -144,8 +151,14 @@ class ClipSampler:
         if self.candidate_noise == "sde" and step_noise is None:
             step_noise = torch.randn((len(self.sigmas) - 2, *shape), generator=generator,
                                      device=device)
+        actions = actions.to(device)
         with torch.no_grad():
-            clips = self._integrate(noise, cache, actions.to(device), step_noise, offsets)
+            parts = [self._integrate(noise[rows], cache,
+                                     actions[rows] if actions.dim() == 2 else actions,
+                                     None if step_noise is None else step_noise[:, rows],
+                                     {k: t[rows] for k, t in (offsets or {}).items()} or None)
+                     for rows in self._chunks(num)]
+        clips = parts[0] if len(parts) == 1 else torch.cat(parts)
         return SampledClips(clips=clips, noise=noise, step_noise=step_noise)
 
     def initial_noise(self, actions: Tensor, *, num: int,
@@ -217,6 +230,11 @@ class ClipSampler:
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def _chunks(self, num: int) -> list[slice]:
+        """The candidates ``0..num-1`` in runs of ``candidate_chunk`` (one run without)."""
+        size = self.candidate_chunk or num
+        return [slice(i, min(i + size, num)) for i in range(0, num, size)]
 
     def _clip_shape(self, num: int) -> tuple[int, ...]:
         return (num, *self.model.clip_shape)

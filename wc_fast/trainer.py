@@ -215,6 +215,9 @@ class Trainer:
         # (whole copies under FSDP2, which shards each module's parameters)
         self.old = frozen_copy(self.model, share_untrained=not self.sharded)
         self.ref = self.rule.reference(self.model, share_untrained=not self.sharded)
+        if self.ref is not None and not self.sharded:
+            # frozen whole: its own copies of the trained weights held as the frozen ones
+            hold_frozen_matrices_in(self.ref, DTYPES[cfg.model.dtype])
         if self.sharded:
             for module in (self.model, self.old, self.ref):
                 if module is not None:
@@ -230,7 +233,8 @@ class Trainer:
         capture = "eager" if self.sharded else ro.capture
         self.sampler = ClipSampler(self.old, steps=ro.steps, shift=ro.shift, capture=capture,
                                    candidate_noise=ro.candidate_noise, sde_noise=ro.sde_noise,
-                                   noise_warp=ro.noise_warp)
+                                   noise_warp=ro.noise_warp,
+                                   candidate_chunk=ro.candidate_chunk)
         self.explore = MotionExploration(action=ro.action_exploration, warp=ro.warp_exploration)
         why_not = compile_unavailable(device) if cfg.nft.compile else None
         if why_not:
@@ -380,6 +384,10 @@ class Trainer:
                 continue
             self.bad_streak = 0
             losses.append(self._global_sum(loss_sum))
+        # nothing reads the gradients before the next update zeroes them: freed now, their
+        # memory serves the next rollout and rewards
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
         loss = sum(losses) / len(losses) if losses else (None if bad else 0.0)
         kl = (self._global_sum(kl_sum) / kl_rows
               if self.ref is not None and kl_rows > 0 else None)

@@ -182,6 +182,12 @@ class RolloutConfig:
         "how the sampler runs: eager (the reference), compile (torch.compile of one step; "
         "reduce-overhead on CUDA), cuda_graph (the whole step loop captured once per shape "
         "and replayed), auto (cuda_graph on CUDA, eager on CPU)")})
+    candidate_chunk: int = field(default=0, metadata={"help": (
+        "candidates of a group the sampler integrates at once, against the one shared history "
+        "cache (0 = the whole group in one batch): a smaller chunk holds fewer candidates' "
+        "activations at a time, for more sampler forwards. Every candidate's noise is drawn "
+        "for the whole group first, so the candidates do not depend on it. Applies to the ODE "
+        "sampling (not train.update flow_grpo's recorded SDE steps)")})
     noise_warp: float = field(default=0.0, metadata={"help": (
         "strength a in [0, 1] of noise-warped initial noise (0 = off; World-R1's camera "
         "conditioning after Go-with-the-Flow, docs/design.md section 4.2). Frames 2..F of "

@@ -131,6 +131,8 @@ def _validate_grpo(cfg: Config) -> None:
              "grpo.window set how the candidates' noise differs)", ro.candidate_noise,
              ("independent",))
     _choices("rollout.mode (with train.update flow_grpo)", ro.mode, ("clip",))
+    _require(ro.candidate_chunk == 0, "rollout.candidate_chunk (with train.update flow_grpo)",
+             "0 (the recorded SDE steps sample the whole group at once)", ro.candidate_chunk)
 
 
 def _validate_decouple(cfg: Config) -> None:
@@ -243,6 +245,8 @@ def validate(cfg: Config) -> None:
     _require(tr.reader_gap_every >= 0, "train.reader_gap_every", "an integer >= 0 (0 = never)",
              tr.reader_gap_every)
     _require(ro.group_size >= 2, "rollout.group_size", "an integer >= 2", ro.group_size)
+    _require(ro.candidate_chunk >= 0, "rollout.candidate_chunk",
+             "an integer >= 0 (0 = the whole group at once)", ro.candidate_chunk)
     _validate_sizes(cfg)
     _require(ro.shift > 0, "rollout.shift", "> 0", ro.shift)
     _require(0.0 <= ro.sde_noise <= 1.0, "rollout.sde_noise", "in [0, 1]", ro.sde_noise)

@@ -54,6 +54,10 @@ class WanLatentCodec:
     factor.
     """
 
+    # frames the VAE decodes at once: a 12-candidate group at 480 px (60 frames) in one batch
+    # held 90 GiB of the decoder's activations (python -m studies.memory --preset wan)
+    decode_frames = 8
+
     def __init__(self, vae: AutoencoderKLWan, *, pixel_size: int) -> None:
         factor = vae.config.scale_factor_spatial
         if pixel_size % factor:
@@ -95,7 +99,8 @@ class WanLatentCodec:
         b, f = latents.shape[:2]
         z = latents.flatten(0, 1).unsqueeze(2).float()
         z = z * self.std.to(z.device) + self.mean.to(z.device)
-        pixels = self.vae.decode(z.to(self._param)).sample.squeeze(2).float()
+        pixels = torch.cat([self.vae.decode(part.to(self._param)).sample
+                            for part in z.split(self.decode_frames)]).squeeze(2).float()
         if pixels.shape[-2:] != (self.pixel_size, self.pixel_size):
             pixels = F.interpolate(pixels, size=(self.pixel_size, self.pixel_size),
                                    mode="bilinear", antialias=True, align_corners=False)
