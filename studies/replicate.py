@@ -124,7 +124,7 @@ FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio":
                     "reward.if_reader": "estimator", "model.history_window": 0,
                     "nft.kl_beta": 0.0, "reward.reader_checkpoint": "",
                     "reward.critic_checkpoint": "", "train.collective_timeout_s": 1800.0,
-                    "train.async_checkpoint": False}
+                    "train.async_checkpoint": False, "rollout.candidate_chunk": 0}
 # model-card fields added after the study began, with the value every cached score was made at:
 # a base model's card that sets one otherwise gives its scores a new evaluation id
 CARD_FIELDS_ADDED_OFF = {"history_window": 0}
