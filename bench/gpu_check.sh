@@ -31,8 +31,8 @@
 # GPU_CHECK_STEPS picks steps by name, comma-separated (default: all, in the order above; e.g.
 # GPU_CHECK_STEPS=rl,profile for a short second run); GPU_CHECK_SKIP_RL=1 leaves out rl and wan
 # (the test suite's dry run does: they take minutes on a busy 2-core machine and have their
-# own tests); GPU_CHECK_BUDGET_S sets the time budget (default 570 s), GPU_CHECK_TESTS_CAP_S
-# the tests step's cap (default 150 s).
+# own tests); GPU_CHECK_BUDGET_S sets the time budget (default 480 s: the whole script in 8
+# minutes), GPU_CHECK_TESTS_CAP_S the tests step's cap (default 150 s).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -47,7 +47,7 @@ if [[ "${GPU_CHECK_SKIP_RL:-0}" == 1 ]]; then
     steps=$(tr , '\n' <<<"$steps" | grep -vx -e rl -e wan | paste -sd, -)
 fi
 wanted() { [[ ",$steps," == *",$1,"* ]]; }
-budget_s="${GPU_CHECK_BUDGET_S:-570}"
+budget_s="${GPU_CHECK_BUDGET_S:-480}"
 max_files=8
 
 # wheels the GPU image lacks, and this source tree, on PYTHONPATH
