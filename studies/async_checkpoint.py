@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from studies.chaos import environment
+from studies.chaos import environment, write_report
 
 SIZE = ("--model.dim", "384", "--model.depth", "8", "--model.heads", "8")
 LOOP = re.compile(r"loop: (\d+) iterations in ([\d.]+) s, ([\d.]+) s of it held up by (\d+) "
@@ -69,11 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             for key in ("iteration_s", "held_per_checkpoint_s", "checkpoint_mb")}
     report = {"nproc": args.nproc, "steps": args.steps, "size": list(SIZE), "runs": runs,
               "mean": mean}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    write_report(report, args.json)
     return 0
 
 

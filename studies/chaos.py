@@ -139,20 +139,36 @@ def concurrent_writer(out: Path, steps: int) -> str:
     return refusal
 
 
-def timed_reference(out: Path, steps: int) -> tuple[float, float]:
-    """Run uninterrupted; returns (seconds until its first checkpoint, seconds per step)."""
-    start = time.monotonic()
-    proc = subprocess.Popen(train_command(out, steps, False), env=environment(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def wait_timed(proc: subprocess.Popen, out: Path, start: float) -> tuple[float, float]:
+    """Wait for ``proc`` (started at monotonic time ``start``) while it writes checkpoints into
+    ``out``; returns (seconds until the first checkpoint appeared, seconds in all). The first
+    is the whole time when none appeared while it ran."""
     first = None
     while proc.poll() is None:
         if first is None and checkpoint.list_checkpoints(out):
             first = time.monotonic() - start
         time.sleep(0.05)
+    total = time.monotonic() - start
+    return first or total, total
+
+
+def write_report(report: dict, path: Path | None) -> None:
+    """Print ``report`` as JSON and, when ``path`` is given, write it there too."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+
+
+def timed_reference(out: Path, steps: int) -> tuple[float, float]:
+    """Run uninterrupted; returns (seconds until its first checkpoint, seconds per step)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(train_command(out, steps, False), env=environment(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first, total = wait_timed(proc, out, start)
     if proc.returncode != 0:
         raise RuntimeError(f"the uninterrupted run failed ({proc.returncode})")
-    total = time.monotonic() - start
-    first = first or total
     return first, (total - first) / max(steps - 1, 1)
 
 
@@ -172,11 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         from studies.chaos_cluster import cluster_study
         report = cluster_study(out, args.steps, args.nproc, args.kills, args.seed,
                                environment())
-        text = json.dumps(report, indent=2)
-        print(text)
-        if args.json is not None:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(text + "\n")
+        write_report(report, args.json)
         return 0 if report["ok"] else 1
     reference, chaotic = out / "uninterrupted", out / "killed"
     first, per_step = timed_reference(reference, args.steps)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from studies.chaos import wait_timed
 from wc_fast import checkpoint
 
 STALL_TIMEOUT_S = 10
@@ -119,18 +120,14 @@ def resumed_from(log: str) -> list[str | None]:
 def uninterrupted(out: Path, steps: int, nproc: int, env: dict[str, str]
                   ) -> tuple[float, float]:
     """Run the reference job; returns (seconds until its first checkpoint, seconds in all)."""
-    start, first = time.monotonic(), None
+    start = time.monotonic()
     with (out.parent / f"{out.name}.log").open("w") as log:
         agent = subprocess.Popen(torchrun_command(out, steps, nproc, 0), env=env, stdout=log,
                                  stderr=subprocess.STDOUT)
-        while agent.poll() is None:
-            if first is None and checkpoint.list_checkpoints(out):
-                first = time.monotonic() - start
-            time.sleep(0.05)
+        first, total = wait_timed(agent, out, start)
     if agent.returncode != 0:
         raise RuntimeError(f"the uninterrupted job failed ({agent.returncode}), see {log.name}")
-    total = time.monotonic() - start
-    return first or total, total
+    return first, total
 
 
 def killed(out: Path, steps: int, nproc: int, kills: int, rng: random.Random,

@@ -13,7 +13,6 @@ uninterrupted runs of different world sizes (the part that is floating-point sum
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from studies.chaos import environment
+from studies.chaos import environment, write_report
 from wc_fast import checkpoint
 
 WORLDS = (1, 2, 4)
@@ -77,11 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         job(copy, resumed, args.steps, args.groups, resume=True)
         report["resumed"][f"{saved} -> {resumed}"] = difference(
             weights(out / f"world{saved}"), weights(copy))
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    write_report(report, args.json)
     return 0
 
 
