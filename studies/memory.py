@@ -40,9 +40,10 @@ and less the reward models. ``--compare`` puts
 
 ``--nproc N`` measures rank 0 of ``N`` under FSDP2 in this one process: a fake process group
 (``torch.testing._internal.distributed.fake_pg``: collectives that move nothing) and the
-trainer's own sharding (``wc_fast.distributed.shard_model``) after it has put each model whole
-on the device (the setup's peak), the sharded parameters, gradients and optimizer states and
-each unit's gathered parameters counted as the rank holds them.
+trainer's own sharding (``wc_fast.distributed.shard_model``) after it has put the model whole
+on the device (the setup's peak), the old and reference models filled shard by shard from it
+(``shard_frozen_copy``), the sharded parameters, gradients and optimizer states and each
+unit's gathered parameters counted as the rank holds them.
 
 ``torch.distributed._tools.mem_tracker.MemTracker`` does the same by category, but refuses a
 module that runs twice in one iteration, which every block here does (the history cache, then
@@ -68,7 +69,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from wc_fast import config as config_lib
-from wc_fast.distributed import shard_model
+from wc_fast.distributed import shard_frozen_copy, shard_model
 from wc_fast.models.tiny_dit import DTYPES
 from wc_fast.optim import build_optimizers, freeze_untrained, frozen_copy, hold_frozen_matrices_in
 from wc_fast.runtime import generator
@@ -137,6 +138,8 @@ class LiveBytes(TorchDispatchMode):
         from now if it was not yet."""
         if isinstance(t, DTensor):  # its wrapper holds no memory: the rank's shard does
             t = t._local_tensor
+        if t.is_meta:  # a structure not yet filled in (a copy before it is sharded)
+            return [0, OTHER, op, tuple(t.shape), str(t.dtype)]
         storage = t.untyped_storage()
         key = self._seen.get(storage)
         if key is not None:
@@ -491,8 +494,10 @@ def measure(args: argparse.Namespace, name: str | None, *, fake: bool = True) ->
         if not (args.whole_copies or sharded):
             hold_frozen_matrices_in(model, DTYPES[m.dtype])
         kl = cfg.nft.kl_beta > 0
+        # under FSDP2 the copies stay structures on the meta device until sharded, as the
+        # trainer builds them (distributed.shard_frozen_copy)
         copies = [copy.deepcopy(model).eval().requires_grad_(False) if args.whole_copies
-                  else frozen_copy(model, share_untrained=not sharded)
+                  else frozen_copy(model, share_untrained=not sharded, on_meta=sharded)
                   for _ in range(2 if kl else 1)]
         if not (args.whole_copies or sharded):
             for ref in copies[1:]:  # as the trainer holds the reference
@@ -501,15 +506,19 @@ def measure(args: argparse.Namespace, name: str | None, *, fake: bool = True) ->
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     resizes = _counting_fsdp_resizes(counter) if sharded else contextlib.nullcontext()
     with mode, counter, resizes:
-        _materialise([model, *copies, vae])
+        _materialise([model, *([] if sharded else copies), vae])
         _label_setup(counter, model, copies, vae)
         counter.reset_peak()  # the peak so far is what lives now, labelled
         if sharded:
             with unset_fake_temporarily():  # the mesh reads its ranks
                 mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
-            # as the trainer: each model whole on the device, then sharded
-            for module in (model, *copies):
-                shard_model(module, dist.group.WORLD, "cpu", mesh=mesh)
+            # as the trainer: the model whole on the device, then sharded, then each copy's
+            # shards filled from the model's
+            shard_model(model, dist.group.WORLD, "cpu", mesh=mesh)
+            _label_setup(counter, model, copies, vae)
+            for structure in copies:
+                shard_frozen_copy(structure, model, dist.group.WORLD, torch.device("cpu"),
+                                  mesh=mesh)
                 _label_setup(counter, model, copies, vae)
         for p in model.parameters():
             if p.requires_grad:

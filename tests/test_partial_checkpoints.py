@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_contents import assert_holds_only_the_trained, tensor_bytes
 from safetensors import safe_open
 
 from wc_fast import checkpoint
@@ -38,12 +39,6 @@ def _args(base: Path, out: Path, steps: int = 2) -> list[str]:
             str(steps), "--out", str(out)]
 
 
-def _tensor_bytes(path: Path) -> tuple[set[str], int]:
-    with safe_open(path, framework="pt") as f:
-        keys = set(f.keys())
-        return keys, sum(f.get_tensor(k).nbytes for k in keys)
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("partial")
@@ -64,18 +59,11 @@ def test_the_checkpoint_holds_the_trained_weights_their_ema_and_optimizer_state(
     ckpt = checkpoint.latest(out)
     model = TinyWorldDiT(preset("smoke").model)
     trained = _trained(model)
-    trained_bytes = sum(p.nbytes for p in trained.values())
-    for name in ("model", "old"):
-        keys, size = _tensor_bytes(ckpt / f"{name}.safetensors")
-        assert keys == set(trained) and size == trained_bytes
-    assert trained_bytes < sum(p.nbytes for p in model.parameters()) / 2
+    assert_holds_only_the_trained(ckpt, trained)
+    assert sum(p.nbytes for p in trained.values()) < sum(
+        p.nbytes for p in model.parameters()) / 2
     meta = json.loads((ckpt / "meta.json").read_text())
     assert meta["base"]["path"] == str(base) and len(meta["base"]["sha256"]) == 64
-    # the optimizers' state: at most two moments per trained weight (Muon one, AdamW two)
-    state = torch.load(ckpt / "state.pt", weights_only=True)
-    moments = [t for opt in state["optimizers"] for per_param in opt["state"].values()
-               for t in per_param.values() if torch.is_tensor(t) and t.dim() > 0]
-    assert 0 < sum(t.numel() for t in moments) <= 2 * sum(p.numel() for p in trained.values())
 
 
 def test_it_resumes_exactly(run, tmp_path):
@@ -122,7 +110,7 @@ def test_another_base_is_refused(run, tmp_path):
 def test_a_run_that_trains_everything_still_checkpoints_whole_models(tmp_path):
     assert main(["--preset", "smoke", "--steps", "1", "--out", str(tmp_path)]) == 0
     ckpt = checkpoint.latest(tmp_path)
-    keys, _ = _tensor_bytes(ckpt / "model.safetensors")
+    keys, _ = tensor_bytes(ckpt / "model.safetensors")
     assert keys == set(TinyWorldDiT(preset("smoke").model).state_dict())
     assert "base" not in json.loads((ckpt / "meta.json").read_text())
     assert load_checkpoint_model(ckpt, "cpu") is not None

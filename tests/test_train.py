@@ -103,9 +103,11 @@ def _rank(rank: int, args: list[str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
-def test_two_gloo_ranks_equal_one_process_over_the_same_groups(tmp_path, mode):
-    common = [*SMOKE, "--steps", "2", "--reward.std", "global"]
+@pytest.mark.parametrize(("mode", "kl_beta"), [("ddp", "0"), ("fsdp2", "0"), ("fsdp2", "0.1")])
+def test_two_gloo_ranks_equal_one_process_over_the_same_groups(tmp_path, mode, kl_beta):
+    """Under FSDP2 the old and reference models are built shard by shard from the sharded
+    model; the KL case checks the reference's shards hold the initial weights."""
+    common = [*SMOKE, "--steps", "2", "--reward.std", "global", "--nft.kl_beta", kl_beta]
     one, two = tmp_path / "one", tmp_path / "two"
     assert main([*common, "--out", str(one), "--rollout.groups_per_rank", "2"]) == 0
     spawn_ranks(_rank, ([*common, "--out", str(two), "--rollout.groups_per_rank", "1",

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+from checkpoint_contents import assert_holds_only_the_trained
 from gloo_ranks import spawn_ranks
 from test_train import _assert_same, _final_weights, _rank
 from test_wan_training import tiny_transformer, tiny_vae, wan_args, wan_config
@@ -138,6 +139,8 @@ def test_lora_checkpoints_hold_the_trained_weights_and_resume_exactly(wan_dir, t
     old = _final_weights(tmp_path, "old")
     model = load_wan_world_model(wan_config(wan_dir, **LORA).model)
     assert uninterrupted.keys() == old.keys() == trained_names(model)
+    assert_holds_only_the_trained(latest, {n: p for n, p in model.named_parameters()
+                                           if p.requires_grad})
     base = json.loads((latest / "meta.json").read_text())["base"]
     frozen = {k: v for k, v in model.state_dict().items() if k not in uninterrupted}
     assert base == {"path": wan_dir, "sha256": checkpoint.weights_sha256(frozen)}
@@ -219,6 +222,8 @@ def test_two_gloo_ranks_checkpoint_the_adapters_sharded_and_resume_exactly(wan_d
     uninterrupted, old = _final_weights(tmp_path / "run"), _final_weights(tmp_path / "run", "old")
     model = load_wan_world_model(wan_config(wan_dir, **LORA).model)
     assert uninterrupted.keys() == old.keys() == trained_names(model)
+    assert_holds_only_the_trained(latest, {n: p for n, p in model.named_parameters()
+                                           if p.requires_grad})
     shutil.rmtree(latest)
     spawn_ranks(_rank, ([*args, "--resume"],), tmp_path)
     _assert_same(uninterrupted, _final_weights(tmp_path / "run"))

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from checkpoint_contents import assert_holds_only_the_trained
 from gloo_ranks import spawn_ranks
 from test_train import _assert_same, _final_weights, _rank
 from video_check import assert_generates
@@ -97,6 +98,9 @@ def test_lora_run_checkpoints_only_what_it_trains(tiny_dir, tmp_path):
     saved = _final_weights(tmp_path)
     assert any("lora_A" in k for k in saved) and "action_in.mlp.2.weight" in saved
     assert "double_blocks.0.txt_attn_q.weight" not in saved
+    model = load_worldplay_world_model(smoke_config(tiny_dir, **{"model.lora_rank": "4"}).model)
+    assert_holds_only_the_trained(checkpoint.latest(tmp_path), {
+        n: p for n, p in model.named_parameters() if p.requires_grad})
     # peft's format: the adapters of the double blocks load onto a fresh base, which with the
     # exported conditioning predicts what the checkpoint predicts
     import peft

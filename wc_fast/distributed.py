@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
 
 
 @dataclass(slots=True)
@@ -105,6 +106,27 @@ def shard_model(model: nn.Module, group: dist.ProcessGroup, device_type: str, *,
             # gloo has no pre-multiplied sum; a plain sum is the same reduction at factor 1
             unit.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def shard_frozen_copy(structure: nn.Module, model: nn.Module, group: dist.ProcessGroup,
+                      device: torch.device, *, mesh: DeviceMesh | None = None) -> nn.Module:
+    """Shard ``structure`` (a frozen copy of ``model`` made on the meta device before ``model``
+    was sharded, :func:`wc_fast.optim.frozen_copy` with ``on_meta``) as ``model`` is sharded,
+    allocate only this rank's shards on ``device`` and fill them, and its buffers, from
+    ``model``'s: the old and reference models of a sharded run without a whole copy on any rank
+    (whole copies made before sharding would double a rank's setup peak)."""
+    shard_model(structure, group, device.type, mesh=mesh)
+    structure.to_empty(device=device)
+    with torch.no_grad():
+        for mine, theirs in zip(structure.parameters(), model.parameters(), strict=True):
+            _local(mine).copy_(_local(theirs))
+        for mine, theirs in zip(structure.buffers(), model.buffers(), strict=True):
+            mine.copy_(theirs)
+    return structure
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -180,18 +180,30 @@ def hold_frozen_matrices_in(model: WorldModel, dtype: torch.dtype) -> int:
     return cast
 
 
-def frozen_copy(model: WorldModel, *, share_untrained: bool = True) -> WorldModel:
+def frozen_copy(model: WorldModel, *, share_untrained: bool = True,
+                on_meta: bool = False) -> WorldModel:
     """A copy of ``model`` that does not train (eval mode, no gradients): the old model of an
     update, the reference of a KL.
 
     With ``share_untrained`` it holds its own copy of only the weights ``model`` trains
     (``requires_grad``) and shares every other parameter with ``model`` (the same tensors),
     so a run that trains a subset (LoRA adapters, the conditioning pathway) keeps its frozen
-    base once however many such copies it has; buffers are copied. Without it (FSDP2, which
-    shards each module's own parameters) the copy is whole.
+    base once however many such copies it has; buffers are copied. Without it the copy is
+    whole. ``on_meta`` makes every parameter and buffer a meta tensor instead (no storage):
+    the structure FSDP2 shards before the copy's values are filled in shard by shard
+    (:func:`wc_fast.distributed.shard_frozen_copy`), so no rank holds a whole copy.
     """
-    memo = {id(p): p for p in model.parameters() if share_untrained and not p.requires_grad}
+    if on_meta:
+        memo = {id(t): _on_meta(t) for t in (*model.parameters(), *model.buffers())}
+    else:
+        memo = {id(p): p for p in model.parameters() if share_untrained and not p.requires_grad}
     return copy.deepcopy(model, memo).eval().requires_grad_(False)
+
+
+def _on_meta(t: Tensor) -> Tensor:
+    empty = torch.empty_like(t, device="meta")
+    return torch.nn.Parameter(empty, requires_grad=False) if isinstance(t, torch.nn.Parameter) \
+        else empty
 
 
 def build_optimizers(model: WorldModel, cfg: OptimConfig, *, grouped: bool = True

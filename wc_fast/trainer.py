@@ -36,13 +36,19 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from wc_fast import checkpoint
 from wc_fast.actions import is_composite, num_primitives
 from wc_fast.advantages import optimality
 from wc_fast.config import Config, RewardConfig
-from wc_fast.distributed import full_state_dict, load_full_state_dict, shard_model
+from wc_fast.distributed import (
+    full_state_dict,
+    load_full_state_dict,
+    shard_frozen_copy,
+    shard_model,
+)
 from wc_fast.ema import ema_update
 from wc_fast.models import ContextCache, FrameCodec, PixelFrames, WorldModel
 from wc_fast.models.protocol import check_world_model
@@ -211,17 +217,23 @@ class Trainer:
             self.frozen_base  # noqa: B018 - a partial checkpoint names the base as loaded
             hold_frozen_matrices_in(self.model, DTYPES[cfg.model.dtype])
         # the old (rollout) model and the frozen initial model the rule's loss compares
-        # against, if any: copies of the trained weights over the model's own frozen ones
-        # (whole copies under FSDP2, which shards each module's parameters)
-        self.old = frozen_copy(self.model, share_untrained=not self.sharded)
-        self.ref = self.rule.reference(self.model, share_untrained=not self.sharded)
-        if self.ref is not None and not self.sharded:
+        # against, if any: copies of the trained weights over the model's own frozen ones;
+        # under FSDP2, which shards each module's own parameters, whole copies built shard by
+        # shard from the sharded model
+        copy = functools.partial(frozen_copy, share_untrained=not self.sharded,
+                                 on_meta=self.sharded)
+        self.old = copy(self.model)
+        self.ref = self.rule.reference(self.model, copy)
+        if self.sharded:
+            mesh = DeviceMesh.from_group(process_group, device.type)
+            shard_model(self.model, process_group, device.type, mesh=mesh)
+            self.old, self.ref = (
+                None if structure is None else
+                shard_frozen_copy(structure, self.model, process_group, device, mesh=mesh)
+                for structure in (self.old, self.ref))
+        elif self.ref is not None:
             # frozen whole: its own copies of the trained weights held as the frozen ones
             hold_frozen_matrices_in(self.ref, DTYPES[cfg.model.dtype])
-        if self.sharded:
-            for module in (self.model, self.old, self.ref):
-                if module is not None:
-                    shard_model(module, process_group, device.type)
         self.optimizers = build_optimizers(self.model, cfg.optim)
         # consecutive updates skipped for a NaN or inf loss or gradient
         self.bad_streak = 0

@@ -78,15 +78,16 @@ class Update(ABC):
         """Weight of the loss's KL to the frozen initial model (0: none, no reference kept)."""
         return 0.0
 
-    def reference(self, model: WorldModel, *, share_untrained: bool = True
-                  ) -> WorldModel | None:
-        """The KL's reference, a frozen copy of the initial ``model`` built before training
-        (:func:`~wc_fast.optim.frozen_copy`: the trained weights copied, the rest shared with
-        ``share_untrained``; sharded and compiled with the others; a resumed run rebuilds it
-        from the init), or ``None`` without a KL."""
+    def reference(self, model: WorldModel,
+                  copy: Callable[[WorldModel], WorldModel] = frozen_copy) -> WorldModel | None:
+        """The KL's reference, ``copy(model)`` of the initial ``model`` made before training
+        (by default :func:`~wc_fast.optim.frozen_copy`: the trained weights copied, the rest
+        shared; the trainer passes its own copy, which under FSDP2 is built on the meta
+        device and sharded; a resumed run rebuilds it from the init), or ``None`` without a
+        KL."""
         if self.kl_beta <= 0:
             return None
-        return frozen_copy(model, share_untrained=share_untrained)
+        return copy(model)
 
     @abstractmethod
     def rollout_fn(self) -> Callable[..., GroupRollout]:
