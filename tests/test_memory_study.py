@@ -2,6 +2,7 @@
 small Wan-shaped run, every phase), and a velocity keeps no layer's keys and values."""
 
 import argparse
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +153,12 @@ def test_one_rank_of_two_under_fsdp2_holds_half_the_weights_as_real_tensors_do(f
         "trained_parameters"]
     assert setup["old_reference"] <= shard["old_reference"]
     assert fake["setup_gib"] < one["setup_gib"]
+
+
+def test_the_committed_memory_table_is_generated_from_the_committed_results(monkeypatch):
+    from studies import memory_table
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    committed = (memory_table.RESULTS / "table.md").read_text()
+    assert committed == memory_table.table()
+    assert "| worldplay | 8 | yes |" in committed and committed.count("| yes |\n") >= 4
