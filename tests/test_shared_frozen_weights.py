@@ -109,6 +109,20 @@ def test_old_and_reference_share_the_frozen_weights(kl):
     assert len(held) == len(count) + len(copies) * len(trained)
 
 
+def test_a_copy_on_the_meta_device_has_the_structure_and_no_storage():
+    """What FSDP2 shards before the copy's shards are filled from the model's."""
+    cfg = _config({})
+    model = _model(cfg)
+    before = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    structure = optim.frozen_copy(model, on_meta=True)
+    assert [(n, p.shape, p.dtype) for n, p in structure.named_parameters()] == [
+        (n, p.shape, p.dtype) for n, p in model.named_parameters()]
+    assert all(t.is_meta for t in (*structure.parameters(), *structure.buffers()))
+    assert not any(p.requires_grad for p in structure.parameters()) and not structure.training
+    # the model itself is untouched
+    assert all(torch.equal(before[n], t) for n, t in model.state_dict().items())
+
+
 def test_full_training_keeps_whole_copies():
     cfg = _config({})
     cfg.optim.trainable = "all"
