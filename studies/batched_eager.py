@@ -39,7 +39,7 @@ def batched_eager_trainer(cfg: Config, model: WorldModel, device: torch.device,
     (a Wan model's VAE) (run its iterations under :func:`plain_pytorch_ops`)."""
     cfg = copy.deepcopy(cfg)
     cfg.rollout.capture = "eager"
-    cfg.nft.compile = False
+    cfg.update.compile = False
     model.attention_backend = "replicated"
     return Trainer(cfg, model, device, codec=codec)
 

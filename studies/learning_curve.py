@@ -80,7 +80,7 @@ def main() -> None:
     cfg = preset("cpu")
     cfg.rollout.num_clips = 1
     cfg.rollout.composite_fraction = 1.0
-    cfg.nft.compile = False
+    cfg.update.compile = False
     for item in args.overrides:
         key, value = item.split("=", 1)
         apply_override(cfg, key, value)

@@ -324,11 +324,11 @@ class _Iteration:
 
     def _update(self, history: torch.Tensor, cache) -> None:
         """One update of one micro-batch as ``Trainer.update`` runs it: the current model's
-        history cache (``nft.context_kv`` recompute) and the reference's, the velocities, the
+        history cache (``update.context_kv`` recompute) and the reference's, the velocities, the
         NFT loss and its backward; those caches and activations freed (``_accumulate``
         returns), then the guarded optimizer step, and the gradients freed after it."""
         model, old, refs = self.model, self.copies[0], self.copies[1:]
-        rows = self.cfg.nft.micro_batch
+        rows = self.cfg.update.micro_batch
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
         x_t = torch.randn(rows, *model.clip_shape)
@@ -454,7 +454,7 @@ def run_config(args: argparse.Namespace, lora: bool | None, checkpointing: bool 
                  for name, value in flags.items()}
     m, ro = cfg.model, cfg.rollout
     for section, name in ((m, "resolution"), (m, "clip_frames"), (ro, "group_size"),
-                          (ro, "steps"), (cfg.nft, "micro_batch"), (m, "lora_rank")):
+                          (ro, "steps"), (cfg.update, "micro_batch"), (m, "lora_rank")):
         if flags[name] is not None:
             setattr(section, name, flags[name])
     if lora is not None:
@@ -547,7 +547,7 @@ def measure(args: argparse.Namespace, name: str | None, *, fake: bool = True) ->
             "activation_checkpointing": m.activation_checkpointing, "kl": kl,
             "resolution": m.resolution, "clip_frames": m.clip_frames,
             "group_size": ro.group_size, "candidate_chunk": ro.candidate_chunk,
-            "steps": ro.steps, "micro_batch": cfg.nft.micro_batch,
+            "steps": ro.steps, "micro_batch": cfg.update.micro_batch,
             "parameters": total, "trained_parameters": trained,
             "nproc": args.nproc, "setup_gib": setup_live / GIB,
             "rollout_peak_gib": by_phase["rollout"]["peak_bytes"] / GIB,

@@ -134,6 +134,10 @@ MEASUREMENT_FIELDS = ("train.reader_gap_every", "train.wandb_project", "train.wa
                       "train.wandb_group", "train.wandb_tags", "train.wandb_checkpoints")
 # fields renamed after the study began, hashed under the name and value they had then
 FIELDS_RENAMED = {"rollout.candidate_noise": ("exploration", {"independent": "noise"})}
+# fields moved to another section after the study began, hashed under the section.field they
+# had then (a section the moves leave empty, which the config did not have then, is left out)
+FIELDS_MOVED = {"update.context_kv": "nft.context_kv", "update.micro_batch": "nft.micro_batch",
+                "update.compile": "nft.compile"}
 # the pretraining section the RL run's config held when the study began (the cpu preset's; it
 # has since moved to the pretraining run's own config, wc_fast.config.PretrainRun): hashed
 # with every row as before, so the cached rows keep their names
@@ -248,9 +252,10 @@ def training_id(row: str, seed: int, steps: int | None, base: str = "tiny") -> s
     study began is left out while it holds its value that changes nothing
     (``FIELDS_ADDED_OFF``), and one that only measures is always left out
     (``MEASUREMENT_FIELDS``), so adding an option keeps the cached rows; a renamed field is
-    hashed under its old name and value (``FIELDS_RENAMED``), and the pretraining section the
-    config held then with it (``STUDY_PRETRAIN_SECTION``). On a base other than ``tiny`` the
-    hash includes the base's shipped weights."""
+    hashed under its old name and value (``FIELDS_RENAMED``), a moved one under its old section
+    (``FIELDS_MOVED``), and the pretraining section the config held then with it
+    (``STUDY_PRETRAIN_SECTION``). On a base other than ``tiny`` the hash includes the base's
+    shipped weights."""
     config = to_dict(parse_run_args("replicate", "", training_args(row, seed, steps, base),
                                     with_base=True).config)
     for path, off in FIELDS_ADDED_OFF.items():
@@ -264,6 +269,12 @@ def training_id(row: str, seed: int, steps: int | None, base: str = "tiny") -> s
         section, name = path.split(".")
         value = config[section].pop(name)
         config[section][old_name] = old_values.get(value, value)
+    for path, old_path in FIELDS_MOVED.items():
+        section, name = path.split(".")
+        old_section, old_name = old_path.split(".")
+        config[old_section][old_name] = config[section].pop(name)
+    for section in [name for name, fields in config.items() if fields == {}]:
+        del config[section]
     config["pretrain"] = STUDY_PRETRAIN_SECTION
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
     if base != "tiny":  # RL starts from the shipped weights: retrained ones train a new run

@@ -12,7 +12,7 @@ a replicated history, the loss and noising as plain PyTorch, no CUDA graph; the 
 
 All start from the same weights at the same iteration (the longest history, clip N) and run
 the same numbers of candidates, sigmas and updates; one warm-up iteration each (which also
-absorbs compilation, e.g. with ``--set nft.compile=true``) is not timed. Writes per-phase
+absorbs compilation, e.g. with ``--set update.compile=true``) is not timed. Writes per-phase
 seconds for each, the speedups, and ``flop_fraction``: the trainer's model FLOP/s in its train
 phase over a large fp32 matmul's FLOP/s (bf16 on GPU) measured right after that train phase,
 the median over the timed iterations; ``mfu`` is the same over a matmul in the model's compute
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="train.init override, e.g. 'random' for a preset whose model size "
                              "differs from the shipped base model")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="config override, e.g. nft.compile=true (repeatable)")
+                        help="config override, e.g. update.compile=true (repeatable)")
     args = parser.parse_args(argv)
     cfg = config_lib.preset(args.preset)
     if args.init is not None:

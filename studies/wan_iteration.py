@@ -87,7 +87,7 @@ def run_config(args: argparse.Namespace, rank: int, rerun: bool) -> config_lib.C
     cfg.rollout.num_clips = args.num_clips
     cfg.rollout.steps = args.steps
     cfg.nft.keep = min(cfg.nft.keep, args.group_size // 2)
-    cfg.nft.micro_batch = args.micro_batch
+    cfg.update.micro_batch = args.micro_batch
     if args.device == "cpu" or not torch.cuda.is_available():
         cfg.model.dtype = "float32"  # CPU autocast to bf16 is slower than fp32 there
     config_lib.validate(cfg)

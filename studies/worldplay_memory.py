@@ -98,7 +98,7 @@ def main() -> None:
     print(f"tiny model, saved for backward per block x token x width: {tiny['full']:.1f} B "
           f"without checkpointing, {tiny['ckpt']:.1f} B with")
     print(f"tiny cache: measured {tiny['cache_measured']} B, formula {tiny['cache_formula']} B")
-    micro, frames = 8, 4  # nft.micro_batch clips of clip_frames latent frames
+    micro, frames = 8, 4  # update.micro_batch clips of clip_frames latent frames
     tokens = micro * frames * t
     # checkpointing keeps every block's input and reruns one block: its full activations
     act = (tiny["ckpt"] * layers + tiny["full"]) * tokens * d

@@ -55,7 +55,7 @@ def test_wan_presets_name_the_missing_model_path(name):
         C.preset(name)
     cfg = C.build_preset(name)
     assert (cfg.model.backbone, cfg.model.dtype, cfg.train.init) == ("wan", "bfloat16", "base")
-    assert cfg.model.activation_checkpointing and cfg.nft.micro_batch >= 1
+    assert cfg.model.activation_checkpointing and cfg.update.micro_batch >= 1
     assert cfg.rollout.capture == "eager"
 
 
@@ -113,8 +113,8 @@ def test_impossible_values_name_the_field(path, value, match):
 
 
 @pytest.mark.parametrize("path,value", [("rollout.capture", "cuda_graph"),
-                                        ("nft.context_kv", "recompute_grad"),
-                                        ("nft.compile", "true")])
+                                        ("update.context_kv", "recompute_grad"),
+                                        ("update.compile", "true")])
 def test_fsdp2_refuses_what_it_cannot_shard(path, value):
     cfg = C.preset("paper")
     C.apply_override(cfg, "train.distributed", "fsdp2")
@@ -252,6 +252,36 @@ def test_configs_saved_by_earlier_versions_still_load():
 def test_a_renamed_field_on_the_command_line_names_its_new_name():
     with pytest.raises(ValueError, match="'rollout.exploration' is now 'rollout.candidate_noise'"):
         C.apply_override(C.preset("cpu"), "rollout.exploration", "sde")
+
+
+def test_configs_saved_with_the_update_settings_in_section_nft_load_into_section_update():
+    """Configs written while ``context_kv``, ``micro_batch`` and ``compile`` were in ``nft``."""
+    want = C.preset("cpu")
+    want.update = C.UpdateConfig(context_kv="reuse", micro_batch=4, compile=True)
+    saved = C.to_dict(want)
+    saved["nft"].update(saved.pop("update"))
+    saved = json.loads(json.dumps(saved))
+    assert C.from_dict(saved) == want
+    assert C.read_saved(saved) == C.to_dict(want)  # what a resumed run compares
+
+
+def test_the_old_spelling_of_a_moved_field_sets_the_new_one_with_a_warning(tmp_path):
+    cfg = C.preset("cpu")
+    with pytest.warns(FutureWarning, match="'nft.micro_batch' is deprecated: it is "
+                                           "'update.micro_batch'"):
+        C.apply_override(cfg, "nft.micro_batch", "4")
+    assert cfg.update.micro_batch == 4
+    with pytest.warns(FutureWarning) as caught:
+        run = parse_run_args("t", "t", ["--preset", "smoke", "--nft.context_kv", "reuse",
+                                        "--nft.compile=true"])
+    assert [str(w.message) for w in caught] == [
+        f"config field 'nft.{name}' is deprecated: it is 'update.{name}'"
+        for name in ("context_kv", "compile")]
+    assert (run.config.update.context_kv, run.config.update.compile) == ("reuse", True)
+    assert not hasattr(run.config.nft, "compile")
+    (tmp_path / "mine.yaml").write_text("inherits: [smoke]\nnft:\n  micro_batch: 2\n")
+    with pytest.warns(FutureWarning, match="'update.micro_batch'"):
+        assert C.load(tmp_path / "mine.yaml").update.micro_batch == 2
 
 
 def test_rl_configs_saved_with_a_pretrain_section_load_without_it():

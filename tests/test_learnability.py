@@ -39,7 +39,7 @@ def _config(steps: int):
     cfg.rollout.num_clips = 1  # clip 1 only: no history to generate
     cfg.rollout.steps = 6
     cfg.rollout.group_size = 8
-    cfg.nft.compile = False
+    cfg.update.compile = False
     cfg.optim.lr = 3e-4
     cfg.nft.latent_pairing = "fresh"
     cfg.train.steps = steps

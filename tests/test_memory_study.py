@@ -65,9 +65,9 @@ def test_a_preset_resolves_its_run_and_the_flags_override_it():
     cfg = memory.run_config(args, None, None)
     base = memory.config_lib.build_preset("worldplay_lora")
     assert (cfg.model.resolution, cfg.model.lora_rank, cfg.rollout.group_size,
-            cfg.nft.micro_batch, cfg.model.activation_checkpointing, cfg.nft.kl_beta) == (
+            cfg.update.micro_batch, cfg.model.activation_checkpointing, cfg.nft.kl_beta) == (
         base.model.resolution, base.model.lora_rank, base.rollout.group_size,
-        base.nft.micro_batch, base.model.activation_checkpointing, base.nft.kl_beta)
+        base.update.micro_batch, base.model.activation_checkpointing, base.nft.kl_beta)
     assert cfg.rollout.steps == 2 != base.rollout.steps
     assert memory.run_config(_args(**{**vars(args), "kl": True}), None, None).nft.kl_beta > 0
     full = memory.run_config(args, False, True)

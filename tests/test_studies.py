@@ -769,10 +769,14 @@ def test_study_rows_are_read_from_their_file_as_wc_fast_train_arguments():
     replicate = _load("replicate")
     assert list(replicate.ROWS)[0] == "recipe" and "full" in replicate.ROWS
     assert replicate.row_args({"optim": {"lr": 3e-5}, "reward": {"lam": 2 / 3},
-                               "nft": {"compile": True}, "model": {"lora_targets": ["a", "b"]}}) \
-        == ["--optim.lr", "3e-05", "--reward.lam", "0.6666666666666666", "--nft.compile", "true",
-            "--model.lora_targets", "a,b"]
+                               "update": {"compile": True},
+                               "model": {"lora_targets": ["a", "b"]}}) \
+        == ["--optim.lr", "3e-05", "--reward.lam", "0.6666666666666666", "--update.compile",
+            "true", "--model.lora_targets", "a,b"]
     # the training id of a row is the hash of its resolved config, as when rows were lists of
     # arguments in the code (ids that name the cached results in studies/results/)
     assert replicate.training_id("recipe", 0, None) == "bf219110"
     assert replicate.training_id("recipe_kl", 0, None) == "c7dc26da"
+    # rows that set a field since moved from section nft to update (FIELDS_MOVED)
+    assert replicate.training_id("full", 0, None) == "96f8fe96"
+    assert replicate.training_id("own_latents", 0, None) == "252298ee"

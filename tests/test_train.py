@@ -175,6 +175,23 @@ def test_resumes_a_checkpoint_written_before_fields_were_added(tmp_path):
     assert checkpoint.latest(tmp_path).name.endswith("00000002")
 
 
+def test_resumes_a_checkpoint_whose_config_held_the_update_settings_in_section_nft(tmp_path):
+    """Checkpoints written while ``context_kv``, ``micro_batch`` and ``compile`` were in
+    ``nft``: their values compare with section ``update``'s."""
+    args = [*SMOKE, "--out", str(tmp_path), "--update.context_kv", "reuse"]
+    assert main([*args, "--steps", "1"]) == 0
+    meta_path = checkpoint.latest(tmp_path) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["config"]["nft"].update(meta["config"].pop("update"))
+    meta["sha256"] = checkpoint._meta_digest(meta)  # as that version wrote it
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(checkpoint.ConfigMismatchError,
+                       match="update.context_kv: 'reuse' -> 'recompute'"):
+        main([*SMOKE, "--out", str(tmp_path), "--steps", "2", "--resume"])
+    assert main([*args, "--steps", "2", "--resume"]) == 0
+    assert checkpoint.latest(tmp_path).name.endswith("00000002")
+
+
 def test_unknown_field_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*SMOKE, "--rollout.bogus", "1", "--out", str(tmp_path)])
@@ -218,11 +235,11 @@ def test_telemetry_is_off_without_a_gpu():
 
 @pytest.mark.slow
 def test_compiled_train_phase_matches_eager(tmp_path):
-    """``nft.compile`` changes how the train phase runs, not what it computes."""
+    """``update.compile`` changes how the train phase runs, not what it computes."""
     weights = {}
     for flag in ("false", "true"):
         out = tmp_path / flag
-        assert main([*SMOKE, "--steps", "1", "--out", str(out), "--nft.compile", flag]) == 0
+        assert main([*SMOKE, "--steps", "1", "--out", str(out), "--update.compile", flag]) == 0
         weights[flag] = _final_weights(out)
     _assert_same(weights["false"], weights["true"], atol=1e-5)
     torch.manual_seed(preset("smoke").train.seed)
@@ -240,13 +257,13 @@ def test_compile_without_a_cpp_compiler_warns_and_trains_eagerly(monkeypatch):
 
     monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
     cfg = preset("smoke")
-    cfg.nft.compile = True
+    cfg.update.compile = True
     model = TinyWorldDiT(cfg.model)
     with pytest.warns(UserWarning, match="no C.. compiler.*runs eagerly"):
         trainer = Trainer(cfg, model, torch.device("cpu"))
     assert not trainer.compiled
     assert trainer.context.velocity == trainer.model.velocity
-    cfg.nft.compile = False
+    cfg.update.compile = False
     assert not Trainer(cfg, TinyWorldDiT(cfg.model), torch.device("cpu")).compiled
 
 

@@ -124,7 +124,7 @@ def test_optimality_reaches_the_loss_as_drawn(monkeypatch, loss_calls):
 @pytest.mark.parametrize("micro,sizes", [("0", [12]), ("5", [5, 5, 2])])
 def test_micro_batch_splits_the_loss_calls(monkeypatch, loss_calls, micro, sizes):
     """6 kept candidates x 2 sigmas = 12 rows over one shared cache (0 = 32 on CPU)."""
-    trainer = _trainer(monkeypatch, nft__micro_batch=micro)
+    trainer = _trainer(monkeypatch, update__micro_batch=micro)
     trainer.iteration(0)
     assert [c["v_theta"].shape[0] for c in loss_calls] == sizes
 
@@ -278,7 +278,7 @@ def test_rollout_mode_sets_whose_history_candidates_share(monkeypatch, mode):
 
 
 def test_sample_level_training_predicts_over_each_candidates_own_history(monkeypatch):
-    trainer = _trainer(monkeypatch, rollout__mode="sample", nft__context_kv="reuse")
+    trainer = _trainer(monkeypatch, rollout__mode="sample", update__context_kv="reuse")
     velocity = _record(monkeypatch, trainer, "velocity")
     rollouts = _record(monkeypatch, trainer, "rollout")
     trainer.iteration(1)
@@ -309,7 +309,7 @@ def test_candidate_noise_reaches_the_sampler(monkeypatch, candidate_noise):
 
 @pytest.mark.parametrize("mode,builds", [("reuse", 0), ("recompute", 1), ("recompute_grad", 1)])
 def test_context_kv_reuses_or_recomputes_the_history_cache(monkeypatch, mode, builds):
-    trainer = _trainer(monkeypatch, nft__context_kv=mode)
+    trainer = _trainer(monkeypatch, update__context_kv=mode)
     build_calls = _record(monkeypatch, trainer.model, "build_cache_parallel")
     velocity = _record(monkeypatch, trainer, "velocity")
     rollouts = _record(monkeypatch, trainer, "rollout")

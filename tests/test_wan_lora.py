@@ -264,7 +264,7 @@ def count_calls(monkeypatch, module, name: str = "checkpoint") -> list[int]:
 def loss_and_gradients(model: torch.nn.Module, frames: torch.Tensor, actions: torch.Tensor,
                        x_t: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """A loss of two clips' velocities over a history cache built with gradient (as
-    ``nft.context_kv recompute_grad`` builds it), and every weight's gradient."""
+    ``update.context_kv recompute_grad`` builds it), and every weight's gradient."""
     cache = model.build_cache_parallel(frames, actions, sigma=0.05)
     v = model.velocity(x_t, torch.tensor([0.3, 0.7]), actions[0, 1:].expand(2, -1), cache)
     loss = v.square().mean()

@@ -58,7 +58,7 @@ RESUMABLE_CHANGES = ("train.out", "train.ckpt_every", "train.keep_last",
                      "train.max_update_ratio",
                      "train.loggers", "train.wandb_project", "train.wandb_entity",
                      "train.wandb_group", "train.wandb_tags", "train.wandb_checkpoints",
-                     "rollout.capture", "nft.micro_batch",
+                     "rollout.capture", "update.micro_batch",
                      "model.activation_checkpointing", *config_lib.RETIRED_SECTIONS,
                      # may follow the world size; the global batch is checked instead
                      GROUPS_PER_RANK)
@@ -306,8 +306,8 @@ def _run(run: RunArgs, device: torch.device, info: DistInfo, watch: Watchdog | N
                       world_size=info.world_size, process_group=info.group,
                       codec=frame_codec(cfg.model, device))
     if trainer.compiled:
-        console.print("nft.compile: the first iterations compile the train phase "
-                      "(minutes on a small CPU, cached for later runs; --nft.compile false "
+        console.print("update.compile: the first iterations compile the train phase "
+                      "(minutes on a small CPU, cached for later runs; --update.compile false "
                       "runs it eagerly)")
     resumed = _resume(trainer, cfg) if run.resume else None
     start = 0 if resumed is None else resumed.step

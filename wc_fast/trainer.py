@@ -248,10 +248,10 @@ class Trainer:
                                    noise_warp=ro.noise_warp,
                                    candidate_chunk=ro.candidate_chunk)
         self.explore = MotionExploration(action=ro.action_exploration, warp=ro.warp_exploration)
-        why_not = compile_unavailable(device) if cfg.nft.compile else None
+        why_not = compile_unavailable(device) if cfg.update.compile else None
         if why_not:
-            warnings.warn(f"nft.compile: {why_not}; the train phase runs eagerly", stacklevel=2)
-        self.compiled = cfg.nft.compile and why_not is None
+            warnings.warn(f"update.compile: {why_not}; the train phase runs eagerly", stacklevel=2)
+        self.compiled = cfg.update.compile and why_not is None
         self.context = self._update_context()
         self.reward = build_reward(cfg, device, rewards)
         # the reward estimator's own error on ground-truth renders: the unit of motion_spread
@@ -261,7 +261,7 @@ class Trainer:
 
     def _update_context(self) -> UpdateContext:
         """What the rule sees of this run: each model's velocity by role (compiled with
-        nft.compile), the rank's groups and the sampler's largest sigma."""
+        update.compile), the rank's groups and the sampler's largest sigma."""
         def fn(model: WorldModel | None) -> Callable[..., Tensor] | None:
             if model is None:
                 return None
@@ -466,7 +466,7 @@ class Trainer:
     def _current_cache(self, group: GroupRollout, row: int, old_cache: ContextCache
                        ) -> tuple[ContextCache, float]:
         """The history cache the current model predicts over, and the FLOPs spent on it."""
-        mode = self.cfg.nft.context_kv
+        mode = self.cfg.update.context_kv
         if mode == "reuse":
             return old_cache, 0.0
         flops = self.model.history_flops(group.history.shape[1])
@@ -495,12 +495,12 @@ class Trainer:
         """Backward of the item's loss sum / ``total`` in micro-batches over shared caches;
         returns that value (the item's share of the step's mean loss), the FLOPs and the sum
         of its rows' KL to the reference model (0 without one)."""
-        nf = self.cfg.nft
+        up = self.cfg.update
         group = item.group
         shared = len(group.caches) == 1
         rows = [0] * len(item.candidate) if shared else item.candidate
         loss_sum, flops, kl_sum = 0.0, 0.0, 0.0
-        micro = nf.micro_batch or (len(rows) if self.device.type == "cuda" else CPU_MICRO_BATCH)
+        micro = up.micro_batch or (len(rows) if self.device.type == "cuda" else CPU_MICRO_BATCH)
         for row in sorted(set(rows)):
             idx = torch.tensor([i for i, o in enumerate(rows) if o == row])
             old_cache = group.caches[row]
@@ -513,7 +513,7 @@ class Trainer:
                                                    group.clip_actions, cache, frozen,
                                                    1.0 / total)
                 last = j == len(parts) - 1
-                loss.backward(retain_graph=nf.context_kv == "recompute_grad" and not last)
+                loss.backward(retain_graph=up.context_kv == "recompute_grad" and not last)
                 loss_sum += loss.item()
                 flops += f
                 if kl is not None:

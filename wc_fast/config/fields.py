@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+import warnings
 from collections.abc import Mapping
 from typing import Literal
 
@@ -14,8 +15,12 @@ from wc_fast.config.schema import PRETRAIN_SECTIONS, SECTIONS, Config, PretrainR
 OTHER_RUN = {"pretrain": "python -m wc_fast.pretrain",
              **{name: "python -m wc_fast.train" for name in SECTIONS
                 if name not in PRETRAIN_SECTIONS}}
-# fields saved configs of earlier versions may hold under an old name
-RENAMED_FIELDS = {"rollout.exploration": "rollout.candidate_noise"}
+# fields that moved to another section: the command line and config files still take the
+# old path, with a FutureWarning naming the new one
+MOVED_FIELDS = {"nft.context_kv": "update.context_kv", "nft.micro_batch": "update.micro_batch",
+                "nft.compile": "update.compile"}
+# fields saved configs of earlier versions may hold under an old name or section
+RENAMED_FIELDS = {"rollout.exploration": "rollout.candidate_noise", **MOVED_FIELDS}
 
 
 def section_types(section: object) -> dict[str, object]:
@@ -67,8 +72,13 @@ def coerce(kind: object, value: object) -> object:
 
 
 def field_of(cfg: Config | PretrainRun, path: str) -> tuple[object, str, object]:
-    """The section object, field name and annotated type of ``section.field`` in ``cfg``;
+    """The section object, field name and annotated type of ``section.field`` in ``cfg``
+    (a :data:`MOVED_FIELDS` path resolves to its new one, with a ``FutureWarning``);
     ``ValueError`` naming the field (and the entry point whose section it is) otherwise."""
+    if path in MOVED_FIELDS and isinstance(cfg, Config):
+        warnings.warn(f"config field {path!r} is deprecated: it is {MOVED_FIELDS[path]!r}",
+                      FutureWarning, stacklevel=3)
+        path = MOVED_FIELDS[path]
     parts = path.split(".")
     names = sections(type(cfg))
     if len(parts) == 2 and parts[0] not in names and parts[0] in OTHER_RUN:

@@ -1,5 +1,5 @@
 """Configs saved by a run (a checkpoint's ``meta.json``, ``config.yaml``) read back, including
-those of earlier versions: retired fields and sections dropped, renamed ones mapped."""
+those of earlier versions: retired fields and sections dropped, renamed or moved ones mapped."""
 
 from __future__ import annotations
 
@@ -49,17 +49,16 @@ def from_dict(data: dict) -> Config | PretrainRun:
             continue
         if name not in names:
             raise ValueError(f"unknown config section {name!r}")
-        section = getattr(cfg, name)
-        types_ = section_types(section)
         for key, value in values.items():
             path = f"{name}.{key}"
             if path in RETIRED_FIELDS:
                 continue
-            if path in RENAMED_FIELDS:
-                path = RENAMED_FIELDS[path]
-                key = path.split(".")[1]
+            path = RENAMED_FIELDS.get(path, path)
             if path in RENAMED_VALUES:
                 value = RENAMED_VALUES[path].get(value, value)
+            section_name, key = path.split(".")
+            section = getattr(cfg, section_name)
+            types_ = section_types(section)
             if key not in types_:
                 raise ValueError(f"unknown config field {path}")
             setattr(section, key, coerce(types_[key], value))

@@ -299,7 +299,7 @@ class RewardConfig:
 @dataclass(slots=True)
 class NFTConfig:
     """WorldCompass's negative-aware fine-tuning update (``train.update nft``): which
-    candidates it keeps, its loss, and how the train phase runs (also for ``flow_grpo``)."""
+    candidates it keeps and its loss."""
 
     beta: float = field(default=1.0, metadata={"help": (
         "the NFT loss's beta (> 0; docs/design.md section 7)")})
@@ -321,19 +321,6 @@ class NFTConfig:
         "v_old of the loss: the old model's prediction (old_model, the paper) or the current "
         "model's, detached (detached_current, the official code: a plain weighted "
         "flow-matching loss without the old model's forward)")})
-    context_kv: ContextKv = field(default="recompute", metadata={"help": (
-        "the history cache the current model predicts over: recompute (built again by the "
-        "current model, without gradient), recompute_grad (built again with gradient through "
-        "it), reuse (the old model's cache from the rollout)")})
-    micro_batch: int = field(default=0, metadata={"help": (
-        "noisy clips per forward and backward of the train phase (0 = automatic: all on "
-        "CUDA, 32 on CPU)")})
-    compile: bool = field(default=False, metadata={"help": (
-        "run the current and old models' velocity in the train phase through torch.compile "
-        "(fuses the per-element work around the matmuls, forward and backward): about 1.3x "
-        "faster on CPU after minutes of compiling in the first iterations (the history length "
-        "changes with the clip index, so there is one recompile); the compiled graphs are "
-        "cached on disk for the next run. Timings in docs/experiment_log.md")})
     latent_pairing: LatentPairing = field(default="fresh", metadata={"help": (
         "models with motion latents. fresh: the model gets the latents of each noisy clip's "
         "fresh training noise, as the forward process draws them, so positives and negatives "
@@ -351,8 +338,8 @@ class GRPOConfig:
     The old model samples every candidate with the flow-matching SDE at noise level
     ``rollout.sde_noise`` and records each stochastic step's log-probability; the update is the
     PPO-clipped ratio of the current model's log-probability of that step to the recorded one,
-    times the candidate's group advantage (:func:`wc_kernels.grpo_sde_loss`). The train phase's
-    execution settings in section ``nft`` (``context_kv``, ``micro_batch``, ``compile``) apply.
+    times the candidate's group advantage (:func:`wc_kernels.grpo_sde_loss`). The train phase
+    runs as section ``update`` says.
     """
 
     clip_range: float = field(default=1e-4, metadata={"help": (
@@ -377,6 +364,27 @@ class GRPOConfig:
         "from the current model's by more than the 1e-4 clip range, and the clipped surrogate "
         "then passes almost no gradient); false samples with the EMA old model of section "
         "ema")})
+
+
+@dataclass(slots=True)
+class UpdateConfig:
+    """How the train phase runs, for either update rule (``train.update``): the history cache
+    the current model predicts over, the noisy clips per forward and backward, and
+    compilation."""
+
+    context_kv: ContextKv = field(default="recompute", metadata={"help": (
+        "the history cache the current model predicts over: recompute (built again by the "
+        "current model, without gradient), recompute_grad (built again with gradient through "
+        "it), reuse (the old model's cache from the rollout)")})
+    micro_batch: int = field(default=0, metadata={"help": (
+        "noisy clips per forward and backward of the train phase (0 = automatic: all on "
+        "CUDA, 32 on CPU)")})
+    compile: bool = field(default=False, metadata={"help": (
+        "run the current and old models' velocity in the train phase through torch.compile "
+        "(fuses the per-element work around the matmuls, forward and backward): about 1.3x "
+        "faster on CPU after minutes of compiling in the first iterations (the history length "
+        "changes with the clip index, so there is one recompile); the compiled graphs are "
+        "cached on disk for the next run. Timings in docs/experiment_log.md")})
 
 
 @dataclass(slots=True)
@@ -487,7 +495,8 @@ class TrainConfig:
     update: Update = field(default="nft", metadata={"help": (
         "the policy update: nft, WorldCompass's negative-aware fine-tuning of the kept "
         "candidates (section nft); flow_grpo, the Flow-GRPO / DanceGRPO update of every "
-        "candidate at its recorded SDE steps (section grpo)")})
+        "candidate at its recorded SDE steps (section grpo); either's train phase runs as "
+        "section update says")})
 
 
 @dataclass(slots=True)
@@ -500,6 +509,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     nft: NFTConfig = field(default_factory=NFTConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    update: UpdateConfig = field(default_factory=UpdateConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     ema: EMAConfig = field(default_factory=EMAConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

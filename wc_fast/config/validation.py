@@ -230,8 +230,8 @@ def validate(cfg: Config) -> None:
     """Raise ``ValueError`` naming the field for any impossible value."""
     _choices("preset", cfg.preset, PRESETS)
     _check_types(cfg)
-    m, ro, rw, nf, op, em, tr = (cfg.model, cfg.rollout, cfg.reward, cfg.nft, cfg.optim,
-                                 cfg.ema, cfg.train)
+    m, ro, rw, nf, up, op, em, tr = (cfg.model, cfg.rollout, cfg.reward, cfg.nft, cfg.update,
+                                     cfg.optim, cfg.ema, cfg.train)
     validate_model(m)
     for path, value in (("rollout.groups_per_rank", ro.groups_per_rank),
                         ("rollout.num_clips", ro.num_clips), ("rollout.steps", ro.steps),
@@ -302,7 +302,7 @@ def validate(cfg: Config) -> None:
              f"an integer >= 1 with 2*keep <= rollout.group_size={ro.group_size}", nf.keep)
     _require(0.0 < nf.timestep_fraction <= 1.0, "nft.timestep_fraction", "in (0, 1]",
              nf.timestep_fraction)
-    _require(nf.micro_batch >= 0, "nft.micro_batch", ">= 0 (0 = automatic)", nf.micro_batch)
+    _require(up.micro_batch >= 0, "update.micro_batch", ">= 0 (0 = automatic)", up.micro_batch)
     _validate_grpo(cfg)
     _require(op.lr > 0, "optim.lr", "> 0", op.lr)
     _require(op.weight_decay >= 0, "optim.weight_decay", ">= 0", op.weight_decay)
@@ -314,10 +314,10 @@ def validate(cfg: Config) -> None:
                  ("auto", "eager"))
         # micro-batches backpropagate through one cache graph several times, which FSDP2's
         # per-backward reshard frees
-        _choices("nft.context_kv (with train.distributed fsdp2)", nf.context_kv,
+        _choices("update.context_kv (with train.distributed fsdp2)", up.context_kv,
                  ("recompute", "reuse"))
-        _require(not nf.compile, "nft.compile (with train.distributed fsdp2)", "false",
-                 nf.compile)
+        _require(not up.compile, "update.compile (with train.distributed fsdp2)", "false",
+                 up.compile)
     _require(bool(tr.out), "train.out", "a non-empty path", tr.out)
     _require(bool(tr.init), "train.init", "'base', 'random' or a weights path", tr.init)
     # a new model's zero-initialised gates and output head pass the conditioning no gradient

@@ -24,7 +24,7 @@ from wc_fast.models import ContextCache, WorldModel
 from wc_fast.optim import frozen_copy
 from wc_fast.rollout import GroupRollout
 
-# rows per micro-batch on a CPU when ``nft.micro_batch`` is 0 (a GPU takes all rows at once)
+# rows per micro-batch on a CPU when ``update.micro_batch`` is 0 (a GPU takes all rows at once)
 CPU_MICRO_BATCH = 32
 
 
@@ -51,7 +51,7 @@ Velocity = Callable[..., Tensor]
 @dataclass(frozen=True, slots=True)
 class UpdateContext:
     """What an update rule is given of the run: the velocity functions by role (compiled with
-    ``nft.compile``), the cost of one, this rank's groups and the sampler's schedule. Built
+    ``update.compile``), the cost of one, this rank's groups and the sampler's schedule. Built
     once by the trainer."""
 
     device: torch.device
