@@ -59,8 +59,8 @@ def _whole_copies(monkeypatch) -> None:
     real = optim.frozen_copy
     for module in ("wc_fast.trainer", "wc_fast.updates.base"):
         monkeypatch.setattr(f"{module}.frozen_copy",
-                            lambda model, share_untrained=True, real=real: real(
-                                model, share_untrained=False))
+                            lambda model, share_untrained=True, on_meta=False, real=real: real(
+                                model, share_untrained=False, on_meta=on_meta))
 
 
 @pytest.mark.slow
