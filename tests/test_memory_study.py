@@ -149,8 +149,6 @@ def test_one_rank_of_two_under_fsdp2_holds_half_the_weights_as_real_tensors_do(f
     # the setup's peak: the model whole on the rank before it is sharded; the old model and
     # the reference are never whole on it (built shard by shard from the sharded model)
     setup = fake["by_phase"]["setup"]["by_category"]
-    assert setup["trained_parameters"] == one["by_phase"]["setup"]["by_category"][
-        "trained_parameters"]
     assert setup["old_reference"] <= shard["old_reference"]
     assert fake["setup_gib"] < one["setup_gib"]
 

@@ -222,8 +222,6 @@ def test_two_gloo_ranks_checkpoint_the_adapters_sharded_and_resume_exactly(wan_d
     uninterrupted, old = _final_weights(tmp_path / "run"), _final_weights(tmp_path / "run", "old")
     model = load_wan_world_model(wan_config(wan_dir, **LORA).model)
     assert uninterrupted.keys() == old.keys() == trained_names(model)
-    assert_holds_only_the_trained(latest, {n: p for n, p in model.named_parameters()
-                                           if p.requires_grad})
     shutil.rmtree(latest)
     spawn_ranks(_rank, ([*args, "--resume"],), tmp_path)
     _assert_same(uninterrupted, _final_weights(tmp_path / "run"))
