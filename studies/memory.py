@@ -497,7 +497,7 @@ def measure(args: argparse.Namespace, name: str | None, *, fake: bool = True) ->
         # under FSDP2 the copies stay structures on the meta device until sharded, as the
         # trainer builds them (distributed.shard_frozen_copy)
         copies = [copy.deepcopy(model).eval().requires_grad_(False) if args.whole_copies
-                  else frozen_copy(model, share_untrained=not sharded, on_meta=sharded)
+                  else frozen_copy(model, on_meta=sharded)
                   for _ in range(2 if kl else 1)]
         if not (args.whole_copies or sharded):
             for ref in copies[1:]:  # as the trainer holds the reference

@@ -220,8 +220,7 @@ class Trainer:
         # against, if any: copies of the trained weights over the model's own frozen ones;
         # under FSDP2, which shards each module's own parameters, whole copies built shard by
         # shard from the sharded model
-        copy = functools.partial(frozen_copy, share_untrained=not self.sharded,
-                                 on_meta=self.sharded)
+        copy = functools.partial(frozen_copy, on_meta=self.sharded)
         self.old = copy(self.model)
         self.ref = self.rule.reference(self.model, copy)
         if self.sharded:
