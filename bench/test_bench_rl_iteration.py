@@ -9,7 +9,7 @@ Both contenders train the same randomly initialised Wan2.1-T2V-1.3B-shaped world
 (:mod:`studies.wan_iteration`'s ``full`` variant: the ``wan`` preset, every weight training,
 the NFT update) from the same weights, at clip N (the longest shared history):
 
-- ``ours``: :class:`wc_fast.trainer.Trainer` as the preset configures it;
+- ``ours``: :class:`wc_fast.rl.trainer.Trainer` as the preset configures it;
 - ``batched_eager``: :mod:`studies.batched_eager`, what a careful PyTorch user writes without
   this project's kernels: the same loop with all G candidates batched and the old model on the
   device, SDPA over the history copied per candidate, the loss and noising as plain PyTorch,
@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from studies.batched_eager import batched_eager_trainer, plain_pytorch_ops
-from wc_fast.trainer import Trainer
+from wc_fast.rl.trainer import Trainer
 
 # the study builds the Wan model from diffusers (not on the GPU image unless its wheel travels)
 wan_iteration = pytest.importorskip(

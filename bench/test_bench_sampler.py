@@ -11,7 +11,7 @@ import torch
 
 from wc_fast.config import ModelConfig, preset
 from wc_fast.models import TinyWorldDiT
-from wc_fast.sampler import ClipSampler
+from wc_fast.rl.sampler import ClipSampler
 
 STEPS = 10
 CUDA = torch.cuda.is_available()

@@ -1,7 +1,7 @@
 """A competent batched eager RL iteration: the baseline a reviewer accepts for our trainer.
 
 What a careful PyTorch user writes without this project's kernels: the same
-:class:`~wc_fast.trainer.Trainer` loop (all G candidates in one batch per sampler step, the
+:class:`~wc_fast.rl.trainer.Trainer` loop (all G candidates in one batch per sampler step, the
 old model resident on the device, the update in micro-batches), but
 
 - attention through ``F.scaled_dot_product_attention`` over the history copied for every
@@ -24,9 +24,9 @@ import torch
 
 from wc_fast.config import Config
 from wc_fast.models import FrameCodec, WorldModel
-from wc_fast.trainer import Trainer
-from wc_fast.updates import grpo as grpo_rule
-from wc_fast.updates import nft as nft_rule
+from wc_fast.rl.trainer import Trainer
+from wc_fast.rl.updates import grpo as grpo_rule
+from wc_fast.rl.updates import nft as nft_rule
 
 # the ops each update rule calls, by module
 _OPS = {nft_rule: ("nft_loss", "flow_noise"), grpo_rule: ("grpo_sde_loss", "sde_log_prob")}
@@ -35,7 +35,7 @@ _OPS = {nft_rule: ("nft_loss", "flow_noise"), grpo_rule: ("grpo_sde_loss", "sde_
 def batched_eager_trainer(cfg: Config, model: WorldModel, device: torch.device,
                           codec: FrameCodec | None = None) -> Trainer:
     """The baseline's trainer: ``cfg`` with eager sampling and no compile, ``model`` with
-    replicated-prefix SDPA attention, ``codec`` as :class:`~wc_fast.trainer.Trainer` takes it
+    replicated-prefix SDPA attention, ``codec`` as :class:`~wc_fast.rl.trainer.Trainer` takes it
     (a Wan model's VAE) (run its iterations under :func:`plain_pytorch_ops`)."""
     cfg = copy.deepcopy(cfg)
     cfg.rollout.capture = "eager"

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from wc_fast import checkpoint
+from wc_fast.infra import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 

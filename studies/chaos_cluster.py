@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from studies.chaos import wait_timed
-from wc_fast import checkpoint
+from wc_fast.infra import checkpoint
 
 STALL_TIMEOUT_S = 10
 

@@ -13,7 +13,7 @@ same way. Each evaluation's JSON is kept in ``--cache`` (``studies/results/<seed
 name carrying the row, the seed, the training configuration's hash and the evaluation's
 (settings, seed set and every shipped model it reads), so an interrupted table resumes and a
 changed asset is evaluated afresh. Every row is then compared with the base sequence by
-sequence (``wc_fast.evaluation.compare``: paired bootstrap over the sequences, and over the
+sequence (``wc_fast.measures.compare``: paired bootstrap over the sequences, and over the
 seeds where a row has several), the camera fit first, and the table is written to
 ``--cache/<base>_table.md``.
 """
@@ -29,8 +29,8 @@ from pathlib import Path
 
 from studies.replicate import TITLES, evaluation_id, parse_rows, run, training_id
 from wc_fast.config import BASES
-from wc_fast.evaluation.bootstrap import sequence_values
-from wc_fast.evaluation.compare import clip_slices, compare
+from wc_fast.measures.bootstrap import sequence_values
+from wc_fast.measures.compare import clip_slices, compare
 
 # the table's columns: (set, metric, clip slice, header); the camera fit, which no reward
 # reads, first, the estimator beside it and the gap between the two

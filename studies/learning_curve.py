@@ -22,15 +22,15 @@ import time
 import torch
 from safetensors.torch import save_file
 
-import wc_fast.trainer as trainer_module
+import wc_fast.rl.trainer as trainer_module
 from wc_fast.actions import split_action
 from wc_fast.config import apply_override, preset
+from wc_fast.infra.runtime import generator
 from wc_fast.models.pretrained import initial_model
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.interaction import action_accuracy, interaction_score
-from wc_fast.rollout import rollout_clip_level
-from wc_fast.runtime import generator
-from wc_fast.trainer import Trainer
+from wc_fast.rl.rollout import rollout_clip_level
+from wc_fast.rl.trainer import Trainer
 from wc_fast.world import sample_sequences
 
 HELD_OUT_SEED = 777_000

@@ -1,6 +1,6 @@
 """Write tests/fixtures/worldplay_tiny.safetensors (+ .json): HY-WorldPlay's own transformer at a
 tiny random configuration, run on CPU in fp32, as the golden reference of
-:class:`wc_fast.models.worldplay.WorldPlayWorldModel`.
+:class:`wc_fast.models.worldplay.model.WorldPlayWorldModel`.
 
 Usage::
 
@@ -135,7 +135,7 @@ def check_glyph_text(official, gen: torch.Generator) -> float:
     :class:`WorldPlayWorldModel`'s with the ByT5 glyph tokens and the condition-type embedding
     on (left out of the stored fixture: the ByT5 mapper's fixed 1472 -> 2048 -> 2048 layers
     would exceed its size), on padded text and glyph inputs."""
-    from wc_fast.models.worldplay import WorldPlayConfig, WorldPlayWorldModel
+    from wc_fast.models.worldplay.model import WorldPlayConfig, WorldPlayWorldModel
 
     config = {**CONFIG, "glyph_byT5_v2": True, "use_cond_type_embedding": True}
     model = official.HunyuanVideo_1_5_DiffusionTransformer(**config)

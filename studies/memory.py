@@ -40,7 +40,7 @@ and less the reward models. ``--compare`` puts
 
 ``--nproc N`` measures rank 0 of ``N`` under FSDP2 in this one process: a fake process group
 (``torch.testing._internal.distributed.fake_pg``: collectives that move nothing) and the
-trainer's own sharding (``wc_fast.distributed.shard_model``) after it has put the model whole
+trainer's own sharding (``wc_fast.infra.distributed.shard_model``) after it has put the model whole
 on the device (the setup's peak), the old and reference models filled shard by shard from it
 (``shard_frozen_copy``), the sharded parameters, gradients and optimizer states and each
 unit's gathered parameters counted as the rank holds them.
@@ -69,11 +69,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from wc_fast import config as config_lib
-from wc_fast.distributed import shard_frozen_copy, shard_model
-from wc_fast.models.tiny_dit import DTYPES
-from wc_fast.optim import build_optimizers, freeze_untrained, frozen_copy, hold_frozen_matrices_in
-from wc_fast.runtime import generator
-from wc_fast.sampler import ClipSampler
+from wc_fast.infra.distributed import shard_frozen_copy, shard_model
+from wc_fast.infra.runtime import generator
+from wc_fast.models.tiny.dit import DTYPES
+from wc_fast.rl.optim import (
+    build_optimizers,
+    freeze_untrained,
+    frozen_copy,
+    hold_frozen_matrices_in,
+)
+from wc_fast.rl.sampler import ClipSampler
 from wc_kernels import nft_loss
 
 GIB = 2**30
@@ -206,7 +211,7 @@ def _wan_vae(shape: str):
 
 
 def _wan_codec(vae, pixel_size: int):
-    from wc_fast.models.wan_vae import WanLatentCodec
+    from wc_fast.models.wan.vae import WanLatentCodec
 
     return WanLatentCodec(vae, pixel_size=pixel_size)
 
@@ -218,7 +223,7 @@ def _worldplay_vae(shape: str):
 
 
 def _worldplay_codec(vae, pixel_size: int):
-    from wc_fast.models.worldplay_vae import HunyuanLatentCodec
+    from wc_fast.models.worldplay.vae import HunyuanLatentCodec
 
     return HunyuanLatentCodec(vae, pixel_size=pixel_size)
 
@@ -227,7 +232,7 @@ def _wan(cfg: config_lib.Config, shape: str):
     from diffusers import WanTransformer3DModel
 
     from studies.wan_iteration import SHAPES
-    from wc_fast.models.wan import WanWorldModel
+    from wc_fast.models.wan.model import WanWorldModel
 
     m = cfg.model
     side = m.resolution // 8  # Wan's VAE: 8x spatial compression
@@ -240,7 +245,7 @@ def _wan(cfg: config_lib.Config, shape: str):
 
 
 def _worldplay(cfg: config_lib.Config, shape: str):
-    from wc_fast.models.worldplay import WorldPlayConfig, WorldPlayWorldModel
+    from wc_fast.models.worldplay.model import WorldPlayConfig, WorldPlayWorldModel
 
     m = cfg.model
     side = m.resolution // 16  # HunyuanVideo's VAE: 16x spatial compression

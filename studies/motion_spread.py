@@ -26,6 +26,7 @@ import torch
 
 from wc_fast.actions import split_action
 from wc_fast.config import preset
+from wc_fast.infra.runtime import generator
 from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import interaction_score, load_estimator
 from wc_fast.rewards.motion_spread import (
@@ -35,9 +36,8 @@ from wc_fast.rewards.motion_spread import (
     motion_spread,
 )
 from wc_fast.rewards.scoring import camera_poses
-from wc_fast.rollout import NO_EXPLORATION, MotionExploration, rollout_clip_level
-from wc_fast.runtime import generator
-from wc_fast.sampler import ClipSampler
+from wc_fast.rl.rollout import NO_EXPLORATION, MotionExploration, rollout_clip_level
+from wc_fast.rl.sampler import ClipSampler
 from wc_fast.world import sample_sequences
 
 SEED = 910_000  # held out: no training or evaluation stream starts here

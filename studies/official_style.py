@@ -1,7 +1,7 @@
 """An RL iteration done the way the official WorldCompass code does it, on our model and config.
 
 The baseline of ``studies/rl_iteration.py``. Same algorithm and numbers of candidates, sigmas and
-updates as :class:`wc_fast.trainer.Trainer`, but with the official execution strategy:
+updates as :class:`wc_fast.rl.trainer.Trainer`, but with the official execution strategy:
 - one live model; the EMA (old) weights live in fp32 on the CPU and are swapped into the live
   model around every old-model use (the rollout and each old-model forward);
 - the G candidates are generated one after another at batch size 1;
@@ -20,17 +20,17 @@ import time
 import torch
 
 from wc_fast.actions import split_action
-from wc_fast.advantages import optimality, select_extremes
 from wc_fast.config import Config
-from wc_fast.ema import ema_decay
+from wc_fast.infra.runtime import generator
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.motion_latent import noise_latents, with_latents
-from wc_fast.optim import build_optimizers
 from wc_fast.rewards import load_critic, load_estimator, poses_to_labels
-from wc_fast.rollout import generate_history
-from wc_fast.runtime import generator
-from wc_fast.sampler import ClipSampler, sigma_schedule
-from wc_fast.trainer import group_prompt
+from wc_fast.rl.advantages import optimality, select_extremes
+from wc_fast.rl.ema import ema_decay
+from wc_fast.rl.optim import build_optimizers
+from wc_fast.rl.rollout import generate_history
+from wc_fast.rl.sampler import ClipSampler, sigma_schedule
+from wc_fast.rl.trainer import group_prompt
 from wc_kernels import reference
 
 

@@ -41,15 +41,15 @@ from torch import Tensor
 
 from wc_fast.actions import label_to_bits, split_action
 from wc_fast.config import BASES, preset
+from wc_fast.infra.runtime import generator
 from wc_fast.models.clips import MOVEMENT_KEYS
 from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import interaction_score, load_estimator
 from wc_fast.rewards.interaction import action_accuracy, poses_to_labels
 from wc_fast.rewards.motion_spread import camera_motion
 from wc_fast.rewards.scoring import camera_poses
-from wc_fast.rollout import generate_history
-from wc_fast.runtime import generator
-from wc_fast.sampler import ClipSampler
+from wc_fast.rl.rollout import generate_history
+from wc_fast.rl.sampler import ClipSampler
 from wc_fast.world import sample_sequences
 
 SEED = 920_000  # held out: no training or evaluation stream starts here

@@ -43,8 +43,8 @@ from torch import Tensor
 from wc_fast.actions import label_to_bits, split_action
 from wc_fast.config import preset
 from wc_fast.eval import EvalSettings
-from wc_fast.evaluation import fit_path
-from wc_fast.evaluation.report import clip_windows
+from wc_fast.measures import fit_path
+from wc_fast.measures.report import clip_windows
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.camera_fit import luminance
 from wc_fast.rewards.degrade import add_noise, gaussian_blur

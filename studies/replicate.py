@@ -60,10 +60,10 @@ import torch
 import yaml
 
 from studies.motion_spread import measure as measure_spread
-from wc_fast import checkpoint
 from wc_fast.cli import parse_run_args
 from wc_fast.config import preset, to_dict
 from wc_fast.eval import KINDS, SEED_SETS, EvalSettings, evaluate
+from wc_fast.infra import checkpoint
 from wc_fast.models.pretrained import BASE_MODELS, load_checkpoint_model
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.motion_spread import camera_motion

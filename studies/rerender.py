@@ -53,8 +53,8 @@ from studies.reader_gap import (
 from wc_fast.actions import split_action
 from wc_fast.config import preset
 from wc_fast.eval import FINAL_EVAL_SEED, KINDS, EvalSettings
-from wc_fast.evaluation.bootstrap import paired_bootstrap
-from wc_fast.evaluation.psnr_ssim import psnr_clamped
+from wc_fast.measures.bootstrap import paired_bootstrap
+from wc_fast.measures.psnr_ssim import psnr_clamped
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.render_reader import anchored, motion_grid, press_track, render_track
 from wc_fast.world import Scenes, render, sequence_scenes

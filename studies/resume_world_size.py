@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from studies.chaos import environment, write_report
-from wc_fast import checkpoint
+from wc_fast.infra import checkpoint
 
 WORLDS = (1, 2, 4)
 CASES = ((2, 1), (1, 2), (1, 4), (4, 2))

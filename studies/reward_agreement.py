@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 
 from wc_fast import config as config_lib
+from wc_fast.infra.runtime import resolve_device
 from wc_fast.models.pretrained import initial_model
 from wc_fast.rewards import if_scores, load_estimator
-from wc_fast.runtime import resolve_device
-from wc_fast.trainer import Trainer
+from wc_fast.rl.trainer import Trainer
 
 
 class Mirrored:

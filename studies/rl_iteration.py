@@ -33,10 +33,10 @@ import torch
 from studies.batched_eager import batched_eager_trainer, plain_pytorch_ops
 from studies.official_style import OfficialStyleIteration
 from wc_fast import config as config_lib
-from wc_fast.metrics import matmul_flops
+from wc_fast.infra.metrics import matmul_flops
+from wc_fast.infra.runtime import resolve_device
 from wc_fast.models.pretrained import initial_model
-from wc_fast.runtime import resolve_device
-from wc_fast.trainer import Trainer
+from wc_fast.rl.trainer import Trainer
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,12 +30,12 @@ from safetensors.torch import load_file
 
 from wc_fast.actions import label_to_bits, split_action
 from wc_fast.config import BASES, preset
+from wc_fast.infra.runtime import generator
 from wc_fast.models.pretrained import load_base_model
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.interaction import poses_to_labels, relative_motion, rotation_angles
-from wc_fast.rollout import rollout_clip_level
-from wc_fast.runtime import generator
-from wc_fast.sampler import ClipSampler
+from wc_fast.rl.rollout import rollout_clip_level
+from wc_fast.rl.sampler import ClipSampler
 from wc_fast.world import sample_sequences
 
 HELD_OUT_SEED = 777_000  # the two-key set of studies/learning_curve.py

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from studies.replicate import ROWS, training_args
 from wc_fast.cli import parse_run_args
 from wc_fast.models.pretrained import initial_model
-from wc_fast.trainer import Trainer
+from wc_fast.rl.trainer import Trainer
 
 PHASES = ("rollout", "reward", "train")
 

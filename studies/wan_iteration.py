@@ -32,12 +32,12 @@ import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
 from wc_fast import config as config_lib
-from wc_fast.metrics import matmul_flops
-from wc_fast.models.tiny_dit import DTYPES
-from wc_fast.models.wan import WanWorldModel
-from wc_fast.models.wan_vae import WanLatentCodec
-from wc_fast.runtime import resolve_device
-from wc_fast.trainer import Trainer
+from wc_fast.infra.metrics import matmul_flops
+from wc_fast.infra.runtime import resolve_device
+from wc_fast.models.tiny.dit import DTYPES
+from wc_fast.models.wan.model import WanWorldModel
+from wc_fast.models.wan.vae import WanLatentCodec
+from wc_fast.rl.trainer import Trainer
 
 # transformer/config.json and vae/config.json of Wan2.1-T2V-1.3B-Diffusers (the VAE's are
 # AutoencoderKLWan's defaults), and the tests' tiny model

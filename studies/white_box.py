@@ -44,21 +44,21 @@ from rich.console import Console
 from rich.table import Table
 from torch import Tensor
 
-from wc_fast import checkpoint
 from wc_fast.actions import split_action
 from wc_fast.config import build_preset
 from wc_fast.eval import KINDS, EvalSettings, add_seed_arguments
-from wc_fast.evaluation.bootstrap import paired_bootstrap
+from wc_fast.infra import checkpoint
+from wc_fast.infra.runtime import generator
+from wc_fast.measures.bootstrap import paired_bootstrap
 from wc_fast.models.pretrained import load_checkpoint_model
-from wc_fast.models.tiny_dit import X0_MIN_SIGMA
+from wc_fast.models.tiny.dit import X0_MIN_SIGMA
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.camera_fit import fit_path
 from wc_fast.rewards.estimators import LearnedEstimator
 from wc_fast.rewards.flow_reader import read_path, rendered_flow, texture_weights
 from wc_fast.rewards.interaction import action_accuracy
-from wc_fast.rollout import prompt_cache
-from wc_fast.runtime import generator
-from wc_fast.sampler import ClipSampler
+from wc_fast.rl.rollout import prompt_cache
+from wc_fast.rl.sampler import ClipSampler
 from wc_fast.world import sample_sequences
 from wc_fast.world.dataset import sequence_scenes
 

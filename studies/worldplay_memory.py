@@ -6,7 +6,7 @@ cache terms measured on the tiny model and scaled.
 1. Parameter counts of WorldPlay-8B (HunyuanVideo-1.5 480p i2v: 54 double blocks, width 2048,
    16 heads, text 3584, SigLIP 1152, ByT5) from :class:`WorldPlayWorldModel` on the meta device.
 2. Bytes saved for the backward of one :meth:`velocity` forward of the tiny model (the
-   ``wc_fast.models.worldplay_tiny`` config) in fp32, with and without activation
+   ``wc_fast.models.worldplay.tiny`` config) in fp32, with and without activation
    checkpointing, counted by ``torch.autograd.graph.saved_tensors_hooks`` (each storage once)
    at 2 and 4 blocks: the slope per block, token and model width is what the 8B estimate
    scales by (the rest, embedding and head, is left out). Without checkpointing the slope
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from wc_fast.models.worldplay import WorldPlayConfig, WorldPlayWorldModel
-from wc_fast.models.worldplay_tiny import TINY_CONFIG
+from wc_fast.models.worldplay.model import WorldPlayConfig, WorldPlayWorldModel
+from wc_fast.models.worldplay.tiny import TINY_CONFIG
 
 GB = 1e9
 TEXT_TOKENS = 256 + 729  # a typical prompt's valid text + ByT5 tokens, and SigLIP's 27 x 27

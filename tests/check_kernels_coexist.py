@@ -63,9 +63,9 @@ def main() -> None:
 
     import peft  # noqa: F401 - imports transformers, whose kernel-hub integration imports kernels
 
-    from wc_fast.models.wan import WanWorldModel
+    from wc_fast.models.wan.model import WanWorldModel
 
-    check(WanWorldModel.__module__ == "wc_fast.models.wan", "the Wan world model imports")
+    check(WanWorldModel.__module__ == "wc_fast.models.wan.model", "the Wan world model imports")
 
 
 if __name__ == "__main__":

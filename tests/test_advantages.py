@@ -5,7 +5,7 @@ import statistics
 import pytest
 import torch
 
-from wc_fast.advantages import group_advantages, optimality, select_extremes
+from wc_fast.rl.advantages import group_advantages, optimality, select_extremes
 
 
 def _expected_r(adv: float, z: float) -> float:

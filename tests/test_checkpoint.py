@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from wc_fast import checkpoint
+from wc_fast.infra import checkpoint
 
 
 def _model(seed: int = 0) -> nn.Module:

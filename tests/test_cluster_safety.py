@@ -11,11 +11,12 @@ import torch
 from rank_processes import RankProcesses
 from torch import nn
 
-from wc_fast import checkpoint, config, elastic
-from wc_fast.rank_layout import follow_world_size
-from wc_fast.run_dir import RunDirError, claim
+from wc_fast import config
+from wc_fast.infra import checkpoint, elastic
+from wc_fast.infra.rank_layout import follow_world_size
+from wc_fast.infra.run_dir import RunDirError, claim
+from wc_fast.infra.watchdog import EXIT_STALLED, Watchdog
 from wc_fast.train import main
-from wc_fast.watchdog import EXIT_STALLED, Watchdog
 
 SMOKE = ["--preset", "smoke"]
 
@@ -35,7 +36,7 @@ class _Clock:
 @pytest.fixture
 def clock(monkeypatch):
     fake = _Clock()
-    monkeypatch.setattr("wc_fast.watchdog.time.monotonic", fake)
+    monkeypatch.setattr("wc_fast.infra.watchdog.time.monotonic", fake)
     return fake
 
 
@@ -93,7 +94,7 @@ def test_a_failed_collective_names_a_peer_silent_for_three_beats(tmp_path, clock
     leaving the watch with that error names any peer silent for 3 beats; a clean exit or an
     error while every peer beats names none."""
     named = []
-    monkeypatch.setattr("wc_fast.watchdog.exit_stalled", lambda found, timeout: named.append(
+    monkeypatch.setattr("wc_fast.infra.watchdog.exit_stalled", lambda found, timeout: named.append(
         [s.rank for s in found]))
     watch, peer = _watch(tmp_path, 0, world=2), _watch(tmp_path, 1, world=2)
     peer.beat()

@@ -141,7 +141,7 @@ def test_flow_grpo_refuses_rollouts_it_cannot_train_on(path, value):
 def test_each_update_reads_its_own_kl_weight():
     """The recipe's presets set nft.kl_beta 0.1; a Flow-GRPO run of them reads grpo.kl_beta
     (0: no reference model kept) and the NFT section's weight is not its."""
-    from wc_fast.updates import build_update
+    from wc_fast.rl.updates import build_update
     cfg = C.preset("cpu")
     assert cfg.nft.kl_beta == 0.1 and build_update(cfg).kl_beta == 0.1
     C.apply_override(cfg, "train.update", "flow_grpo")

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from wc_fast import checkpoint
 from wc_fast import config as C
 from wc_fast.cli import config_yaml, parse_run_args
+from wc_fast.infra import checkpoint
 from wc_fast.train import main
 
 # to_dict of every preset (and --base) as the Python preset builders made them, before the

@@ -18,7 +18,7 @@ from wc_fast.config import ModelConfig
 from wc_fast.models import TinyWorldDiT, WorldModel
 from wc_fast.models.pretrained import new_world_model
 from wc_fast.models.protocol import WORLD_MODEL_MEMBERS, check_world_model
-from wc_fast.models.wan import WanWorldModel
+from wc_fast.models.wan.model import WanWorldModel
 
 TINY = ModelConfig(resolution=16, patch=8, dim=32, depth=2, heads=2, clip_frames=2)
 

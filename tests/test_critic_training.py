@@ -118,7 +118,7 @@ def test_reward_critic_option_picks_the_trainers_critic(which):
     from wc_fast.config import preset
     from wc_fast.models import TinyWorldDiT
     from wc_fast.rewards import load_critic
-    from wc_fast.trainer import Trainer
+    from wc_fast.rl.trainer import Trainer
     cfg = preset("smoke")
     cfg.reward.critic = which
     trainer = Trainer(cfg, TinyWorldDiT(cfg.model), torch.device("cpu"))

@@ -42,13 +42,13 @@ NOT_DEPENDENCIES = {
 # modules of the package that belong to an extra: they may import it at module level, and no
 # core entry point imports them at module level (the second test)
 EXTRA_MODULES = {
-    "wc_fast/models/wan.py": "wan",
-    "wc_fast/models/wan_embedded.py": "wan",
-    "wc_fast/models/wan_vae.py": "wan",
-    "wc_fast/models/worldplay.py": "wan",
-    "wc_fast/models/worldplay_modules.py": "wan",
-    "wc_fast/models/worldplay_tiny.py": "wan",
-    "wc_fast/models/worldplay_vae.py": "wan",
+    "wc_fast/models/wan/model.py": "wan",
+    "wc_fast/models/wan/embedded.py": "wan",
+    "wc_fast/models/wan/vae.py": "wan",
+    "wc_fast/models/worldplay/model.py": "wan",
+    "wc_fast/models/worldplay/modules.py": "wan",
+    "wc_fast/models/worldplay/tiny.py": "wan",
+    "wc_fast/models/worldplay/vae.py": "wan",
 }
 ENTRY_POINTS = ("wc_fast.train", "wc_fast.eval", "wc_fast.pretrain", "wc_fast.tools.compare",
                 "wc_fast.tools.train_reward_models", "wc_kernels", "wc_kernels.aot")
@@ -128,7 +128,7 @@ def test_every_third_party_import_is_declared():
                 not_core.append(f"{rel}: {module} ({dist})")
     assert not undeclared, f"imports no requirement or extra declares: {undeclared}"
     assert not not_core, ("module-level imports of an extra in a core module (import it where "
-                          f"it is used, through wc_fast.extras.require): {not_core}")
+                          f"it is used, through wc_fast.infra.extras.require): {not_core}")
 
 
 def test_the_scan_sees_imports_in_functions_and_skips_type_checking(tmp_path):
@@ -167,7 +167,7 @@ for name in hidden:  # None in sys.modules: import fails, importlib.util.find_sp
     sys.modules[name] = None
 for module in sys.argv[2].split(","):
     importlib.import_module(module)
-from wc_fast.extras import require
+from wc_fast.infra.extras import require
 try:
     require("diffusers", user="model.backbone wan")
 except ModuleNotFoundError as exc:

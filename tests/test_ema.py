@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from wc_fast.ema import ema_decay, ema_update
+from wc_fast.rl.ema import ema_decay, ema_update
 
 
 def test_linear_schedule_ends_and_middle():

@@ -7,7 +7,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from wc_fast import checkpoint
 from wc_fast import eval as eval_cli
 from wc_fast.actions import basic_actions
 from wc_fast.config import preset
@@ -22,7 +21,8 @@ from wc_fast.eval import (
     score_sequences,
     summarize,
 )
-from wc_fast.evaluation import NPZ_KEYS
+from wc_fast.infra import checkpoint
+from wc_fast.measures import NPZ_KEYS
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import export_world_model, load_checkpoint_model
 from wc_fast.rewards import load_critic, load_estimator

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from wc_fast.actions import split_action
-from wc_fast.evaluation import commanded_path, fit_path, pose_errors
-from wc_fast.evaluation.report import fit_accuracy
+from wc_fast.measures import commanded_path, fit_path, pose_errors
+from wc_fast.measures.report import fit_accuracy
 from wc_fast.rewards.camera_fit import luminance, motion_matrix
 from wc_fast.rewards.interaction import poses_to_labels, relative_motion, rotation_angles
 from wc_fast.world import render, sample_scenes, sample_sequences, start_poses
@@ -99,7 +99,7 @@ def test_fit_rejects_a_single_frame():
 def test_floor_renders_reproduce_the_world_with_its_own_speeds():
     """The world's own motion factors give its frames back; fresh ones the same prompt frame
     and a different future."""
-    from wc_fast.evaluation.floor import draw_motion_factors, render_sequences
+    from wc_fast.measures.floor import draw_motion_factors, render_sequences
 
     data = sample_sequences(2, num_clips=2, seed=11, composite_fraction=0.5)
     same = render_sequences(11, data.actions, data.motion_factors, segment_frames=4,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from wc_fast.evaluation import (
+from wc_fast.measures import (
     frame_frechet,
     frechet_distance,
     pooled_features,
@@ -14,7 +14,7 @@ from wc_fast.evaluation import (
     psnr_clamped,
     ssim,
 )
-from wc_fast.evaluation.psnr_ssim import mse
+from wc_fast.measures.psnr_ssim import mse
 
 
 def _frames(seed: int, shape=(2, 3, 3, 16, 16)) -> torch.Tensor:

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from wc_fast.evaluation import paired_bootstrap, sequence_values
-from wc_fast.evaluation.compare import COMPARED, SETS, compare, markdown
+from wc_fast.measures import paired_bootstrap, sequence_values
+from wc_fast.measures.compare import COMPARED, SETS, compare, markdown
 from wc_fast.tools.compare import main as compare_main
 
 

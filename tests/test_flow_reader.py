@@ -9,7 +9,7 @@ import torch
 from wc_fast.actions import split_action
 from wc_fast.config import preset
 from wc_fast.eval import EVAL_SEED, KINDS, EvalSettings
-from wc_fast.models.tiny_dit import warp
+from wc_fast.models.tiny.dit import warp
 from wc_fast.rewards.camera_fit import motion_matrix
 from wc_fast.rewards.flow_reader import (
     flow_from_target_depth,

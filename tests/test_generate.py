@@ -9,9 +9,9 @@ import torch
 from PIL import Image
 from video_check import assert_generates
 
-from wc_fast import checkpoint
 from wc_fast.actions import action_id, split_action
 from wc_fast.generate import annotate, key_text, main, parse_keys
+from wc_fast.infra import checkpoint
 from wc_fast.train import main as train
 
 

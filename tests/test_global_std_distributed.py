@@ -5,7 +5,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from gloo_ranks import spawn_ranks
 
-from wc_fast.advantages import group_advantages
+from wc_fast.rl.advantages import group_advantages
 
 SCORES = torch.tensor([[0.0, 2.0, 5.0], [10.0, 14.0, 11.0]], dtype=torch.float64)
 

@@ -12,13 +12,13 @@ from gloo_ranks import spawn_ranks
 from test_train import SMOKE, _assert_same, _final_weights
 from test_trainer_options import _config, _ranked_scores, _record
 
-from wc_fast import checkpoint
+from wc_fast.infra import checkpoint
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.motion_latent import noise_latents
-from wc_fast.sampler import sde_step_std, sigma_schedule
+from wc_fast.rl.sampler import sde_step_std, sigma_schedule
+from wc_fast.rl.trainer import Trainer
+from wc_fast.rl.updates import grpo as grpo_module
 from wc_fast.train import main
-from wc_fast.trainer import Trainer
-from wc_fast.updates import grpo as grpo_module
 from wc_kernels import reference, sde_log_prob
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,7 +1,7 @@
 """The package's import graph, read from the source (every import, those inside functions and
 ``TYPE_CHECKING`` blocks included): no cycle; the update rules never import the trainer; the
 trainer imports no evaluation module; only the reward package dispatches on a reward's
-kind."""
+kind; the packages by role import only the layers below them."""
 
 import ast
 from pathlib import Path
@@ -91,8 +91,8 @@ def _cycles() -> list[list[str]]:
 
 
 def test_the_graph_is_read():
-    assert "wc_fast.updates.base" in GRAPH["wc_fast.updates.nft"]
-    assert "wc_fast.rewards" in GRAPH["wc_fast.trainer"]
+    assert "wc_fast.rl.updates.base" in GRAPH["wc_fast.rl.updates.nft"]
+    assert "wc_fast.rewards" in GRAPH["wc_fast.rl.trainer"]
     assert len(GRAPH) > 100
 
 
@@ -100,13 +100,51 @@ def test_no_import_cycle():
     assert _cycles() == []
 
 
-@pytest.mark.parametrize("rule", sorted(m for m in MODULES if m.startswith("wc_fast.updates")))
+@pytest.mark.parametrize("rule", sorted(m for m in MODULES if m.startswith("wc_fast.rl.updates")))
 def test_no_update_rule_imports_the_trainer(rule):
-    assert "wc_fast.trainer" not in GRAPH[rule]
+    assert "wc_fast.rl.trainer" not in GRAPH[rule]
 
 
 def test_the_trainer_imports_no_evaluation_module():
-    assert not {m for m in GRAPH["wc_fast.trainer"] if m.startswith("wc_fast.evaluation")}
+    assert not {m for m in GRAPH["wc_fast.rl.trainer"]
+                if m == "wc_fast.eval" or m.startswith("wc_fast.measures")}
+
+
+# the packages by role, each with the packages it may import: the infrastructure and the world
+# sit below the models, rewards and measures, the RL loop above them, the entry points on top
+# (only programs import an entry point)
+ENTRY_POINTS = ("wc_fast.train", "wc_fast.eval", "wc_fast.generate", "wc_fast.pretrain")
+LAYERS = {
+    "wc_fast.config": set(),
+    "wc_fast.actions": set(),
+    "wc_fast.cli": {"wc_fast.config"},
+    "wc_fast.infra": {"wc_fast.config"},
+    "wc_fast.world": {"wc_fast.actions", "wc_fast.infra"},
+    "wc_fast.models": {"wc_fast.actions", "wc_fast.config", "wc_fast.infra", "wc_fast.world"},
+    "wc_fast.rewards": {"wc_fast.actions", "wc_fast.config", "wc_fast.infra", "wc_fast.world"},
+    "wc_fast.measures": {"wc_fast.actions", "wc_fast.infra", "wc_fast.rewards", "wc_fast.world"},
+    "wc_fast.rl": {"wc_fast.actions", "wc_fast.config", "wc_fast.infra", "wc_fast.models",
+                   "wc_fast.rewards", "wc_fast.world"},
+}
+
+
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_each_package_imports_only_the_layers_below_it(package):
+    reached = {_package(target) for name, targets in GRAPH.items()
+               if _package(name) == package for target in targets
+               if target.startswith("wc_fast.") and _package(target) != package}
+    assert reached <= LAYERS[package], f"{package} imports {sorted(reached - LAYERS[package])}"
+
+
+def test_no_library_module_imports_an_entry_point():
+    programs = ENTRY_POINTS + ("wc_fast.tools",)
+    assert sorted(f"{name} -> {target}" for name, targets in GRAPH.items()
+                  if name.startswith("wc_fast.") and not name.startswith(programs)
+                  for target in targets if target in ENTRY_POINTS) == []
 
 
 def _reads_reward_choice(path: Path) -> list[str]:

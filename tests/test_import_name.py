@@ -38,7 +38,7 @@ def test_diffusers_models_import_from_the_root():
     (which imports transformers and, where installed, the PyPI ``kernels``)."""
     code = ("import wc_fast.train, peft\n"
             "from diffusers import WanTransformer3DModel\n"
-            "from wc_fast.models.wan import WanWorldModel\n"
+            "from wc_fast.models.wan.model import WanWorldModel\n"
             "print('imported')\n")
     proc = _python(code, ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -6,8 +6,8 @@ import torch
 from wc_fast.config import preset
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.motion_latent import noise_latents
-from wc_fast.trainer import Trainer
-from wc_fast.updates import NFTItems
+from wc_fast.rl.trainer import Trainer
+from wc_fast.rl.updates import NFTItems
 
 
 def _items(pairing: str) -> tuple[NFTItems, torch.Tensor, torch.Tensor]:

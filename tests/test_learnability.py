@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from wc_fast.config import preset
+from wc_fast.infra.runtime import generator
 from wc_fast.models.pretrained import BASE_WEIGHTS, load_world_model
 from wc_fast.rewards import if_scores
-from wc_fast.rollout import rollout_clip_level
-from wc_fast.runtime import generator
-from wc_fast.trainer import Trainer
+from wc_fast.rl.rollout import rollout_clip_level
+from wc_fast.rl.trainer import Trainer
 from wc_fast.world import sample_sequences
 
 pytestmark = pytest.mark.slow
@@ -84,7 +84,7 @@ class FlippedTrainer(Trainer):
 
 @pytest.mark.parametrize("flipped", [False, True])
 def test_training_raises_the_if_of_fixed_groups(monkeypatch, flipped):
-    monkeypatch.setattr("wc_fast.trainer.group_prompt", _fixed_prompt)
+    monkeypatch.setattr("wc_fast.rl.trainer.group_prompt", _fixed_prompt)
     cfg = _config(STEPS)
     torch.manual_seed(0)
     model = load_world_model(BASE_WEIGHTS)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from wc_fast import checkpoint
-from wc_fast.metrics import (
+from wc_fast.infra import checkpoint
+from wc_fast.infra.metrics import (
     TAGS,
     MetricsLog,
     TensorBoardLog,

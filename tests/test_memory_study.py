@@ -97,7 +97,7 @@ def test_a_velocity_frees_each_layers_keys_and_values_when_the_layer_is_done(mon
     all until its last layer cost 71 GiB of WorldPlay-8B's rollout at 12 candidates."""
     from test_wan_world_model import latents, tiny_model
 
-    from wc_fast.models.wan import WanWorldModel
+    from wc_fast.models.wan.model import WanWorldModel
 
     model = tiny_model()
     with torch.no_grad():

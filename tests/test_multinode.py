@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from wc_fast import checkpoint
+from wc_fast.infra import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 

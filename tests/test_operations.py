@@ -12,12 +12,12 @@ import pytest
 import torch
 from gloo_ranks import spawn_ranks
 
-from wc_fast import checkpoint
 from wc_fast.config import preset
+from wc_fast.infra import checkpoint
+from wc_fast.infra.preemption import EXIT_PREEMPTED, StopRequest
 from wc_fast.models import TinyWorldDiT
-from wc_fast.preemption import EXIT_PREEMPTED, StopRequest
+from wc_fast.rl.trainer import NumericalFaultError, Trainer
 from wc_fast.train import main
-from wc_fast.trainer import NumericalFaultError, Trainer
 
 SMOKE = ["--preset", "smoke", "--train.ckpt_every", "1"]
 REPO = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_sigterm_checkpoints_and_the_resumed_run_equals_the_uninterrupted_one(tm
 
 
 def test_a_second_signal_exits_at_once():
-    code = ("import sys, time\nfrom wc_fast.preemption import StopRequest\n"
+    code = ("import sys, time\nfrom wc_fast.infra.preemption import StopRequest\n"
             "with StopRequest():\n    print('ready', flush=True)\n    time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

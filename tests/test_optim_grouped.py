@@ -6,7 +6,7 @@ from torch.optim import Muon
 
 from wc_fast.config import preset
 from wc_fast.models import TinyWorldDiT
-from wc_fast.optim import GroupedMuon, build_optimizers, newton_schulz
+from wc_fast.rl.optim import GroupedMuon, build_optimizers, newton_schulz
 
 
 def _params(shapes, seed=0):

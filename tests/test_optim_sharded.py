@@ -4,7 +4,7 @@ import pytest
 import torch
 from gloo_ranks import spawn_ranks
 
-from wc_fast.optim import GroupedMuon
+from wc_fast.rl.optim import GroupedMuon
 
 SHAPES = [(97, 33), (97, 33), (40, 33)]  # a batched pair and a lone matrix
 
@@ -27,7 +27,7 @@ def _rank(rank: int, out: str, gather_bytes: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from wc_fast.optim import ShardedMuon
+    from wc_fast.rl.optim import ShardedMuon
 
     mesh = init_device_mesh("cpu", (2,))
     params = [torch.nn.Parameter(distribute_tensor(t, mesh, [Shard(0)])) for t in _starts()]
@@ -62,7 +62,7 @@ def test_sharded_muon_equals_grouped_muon_on_the_whole_matrices(tmp_path, gather
 
 
 def test_sharded_muon_gathers_runs_of_at_most_gather_bytes():
-    from wc_fast.optim import ShardedMuon
+    from wc_fast.rl.optim import ShardedMuon
 
     params = [torch.nn.Parameter(torch.zeros(*shape)) for shape in SHAPES]
     opt = ShardedMuon(params, lr=0.05)

@@ -12,8 +12,8 @@ import torch
 from checkpoint_contents import assert_holds_only_the_trained, tensor_bytes
 from safetensors import safe_open
 
-from wc_fast import checkpoint
 from wc_fast.config import preset
+from wc_fast.infra import checkpoint
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import export_world_model, load_checkpoint_model, load_world_model
 from wc_fast.train import main
@@ -119,7 +119,7 @@ def test_a_run_that_trains_everything_still_checkpoints_whole_models(tmp_path):
 def test_a_model_with_buffers_that_trains_every_weight_is_not_partial():
     """Buffers are not trained weights: a run that trains every parameter of a model holding
     buffers still checkpoints whole models."""
-    from wc_fast.trainer import Trainer
+    from wc_fast.rl.trainer import Trainer
 
     cfg = preset("smoke")
     model = TinyWorldDiT(cfg.model)

@@ -11,7 +11,7 @@ from wc_fast.actions import action_id
 from wc_fast.config import ModelConfig, preset
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import export_world_model, load_world_model
-from wc_fast.models.tiny_dit import POSE_GAIN, accumulate_over_clips, affine_flow, warp
+from wc_fast.models.tiny.dit import POSE_GAIN, accumulate_over_clips, affine_flow, warp
 from wc_fast.train import initial_model
 
 CFG = ModelConfig(resolution=16, channels=3, clip_frames=2, patch=4, dim=48, depth=2, heads=3,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from wc_fast import checkpoint
+from wc_fast.infra import checkpoint
 from wc_fast.pretrain import main
 
 SMALL = ["--preset", "smoke", "--pretrain.batch_size", "2", "--pretrain.num_clips", "2",

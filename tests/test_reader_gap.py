@@ -9,7 +9,7 @@ from studies import reader_gap
 from wc_fast.actions import split_action
 from wc_fast.config import preset
 from wc_fast.eval import EvalSettings
-from wc_fast.evaluation import fit_path, save_set
+from wc_fast.measures import fit_path, save_set
 from wc_fast.rewards.interaction import action_accuracy
 from wc_fast.world import sample_sequences
 

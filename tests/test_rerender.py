@@ -6,7 +6,7 @@ import torch
 
 from studies.rerender import check_scenes, parse_factors, study
 from wc_fast.eval import FINAL_EVAL_SEED, KINDS, EvalSettings
-from wc_fast.evaluation.frames_io import save_set
+from wc_fast.measures.frames_io import save_set
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.camera_fit import fit_path
 from wc_fast.rewards.render_reader import anchored, motion_grid, press_track, render_track

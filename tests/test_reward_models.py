@@ -217,7 +217,7 @@ def test_adapters_without_their_checkpoints_name_the_path(monkeypatch, tmp_path)
 
 
 def test_rollout_grid_writes_a_png(tmp_path, clips):
-    from wc_fast.viz import save_rollout_grid
+    from wc_fast.infra.viz import save_rollout_grid
 
     est = _GroundTruth(clips.c2w)(clips.frames)
     out = save_rollout_grid(tmp_path / "grid.png", clips.frames[:3], clips.c2w[:3], est[:3],

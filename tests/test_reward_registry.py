@@ -11,7 +11,7 @@ from wc_fast import config as C
 from wc_fast.actions import split_action
 from wc_fast.rewards import registry
 from wc_fast.rewards.interaction import interaction_score
-from wc_fast.rollout import GroupRollout
+from wc_fast.rl.rollout import GroupRollout
 
 
 @pytest.mark.parametrize(("table", "choices"), [(registry.READERS | registry.JOINT_READERS,

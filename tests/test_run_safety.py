@@ -16,10 +16,12 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from wc_fast import checkpoint, config
+from wc_fast import config
 from wc_fast import eval as eval_cli
 from wc_fast.cli import run_main
-from wc_fast.metrics import MetricsLog
+from wc_fast.infra import checkpoint
+from wc_fast.infra.metrics import MetricsLog
+from wc_fast.infra.run_dir import LOCK_NAME, RunDirError, RunLock, claim
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import (
     export_world_model,
@@ -27,9 +29,8 @@ from wc_fast.models.pretrained import (
     load_world_model,
 )
 from wc_fast.pretrain import main as pretrain_main
-from wc_fast.run_dir import LOCK_NAME, RunDirError, RunLock, claim
+from wc_fast.rl.trainer import NumericalFaultError
 from wc_fast.train import main
-from wc_fast.trainer import NumericalFaultError
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = ["--preset", "smoke", "--train.ckpt_every", "1"]
@@ -44,7 +45,7 @@ def _hold_lock(directory: Path) -> subprocess.Popen:
     """A child process holding ``directory``'s lock until its stdin closes."""
     code = textwrap.dedent(f"""
         import sys
-        from wc_fast.run_dir import RunLock
+        from wc_fast.infra.run_dir import RunLock
         with RunLock({str(directory)!r}):
             print("locked", flush=True)
             sys.stdin.read()
@@ -183,7 +184,7 @@ def test_a_torn_last_line_is_dropped_and_the_log_rewritten_atomically(tmp_path, 
     path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 4, "lo')
     written = []
     real = checkpoint.write_atomic
-    monkeypatch.setattr("wc_fast.metrics.write_atomic",
+    monkeypatch.setattr("wc_fast.infra.metrics.write_atomic",
                         lambda p, data: (written.append(Path(p)), real(p, data)))
     with pytest.warns(UserWarning, match=rf"{path}: dropping its torn last line 4"):
         log = MetricsLog(path, resume_step=2)
@@ -374,7 +375,7 @@ def test_a_read_only_out_fails_before_setup(tmp_path, monkeypatch):
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("wc_fast.run_dir.tempfile.TemporaryFile", denied)
+    monkeypatch.setattr("wc_fast.infra.run_dir.tempfile.TemporaryFile", denied)
     monkeypatch.setattr("wc_fast.train.initial_model", lambda *a: pytest.fail("set up"))
     with pytest.raises(RunDirError, match=f"train.out {tmp_path} is not a writable directory: "
                                           "Permission denied"):

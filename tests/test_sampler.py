@@ -8,8 +8,8 @@ from torch import nn
 
 from wc_fast.config import ModelConfig
 from wc_fast.models import ContextCache, TinyWorldDiT
-from wc_fast.models.tiny_dit import warp
-from wc_fast.sampler import ClipSampler, sigma_schedule
+from wc_fast.models.tiny.dit import warp
+from wc_fast.rl.sampler import ClipSampler, sigma_schedule
 
 CFG = ModelConfig(resolution=8, channels=3, clip_frames=2, patch=4, dim=32, depth=2, heads=2)
 

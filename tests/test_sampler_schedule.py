@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from wc_fast.sampler import sigma_schedule
+from wc_fast.rl.sampler import sigma_schedule
 
 
 @pytest.mark.parametrize("steps,shift", [(40, 5.0), (10, 5.0), (7, 3.0), (1, 1.0)])

@@ -11,10 +11,11 @@ from gloo_ranks import spawn_ranks
 from safetensors.torch import load_file
 from torch import nn
 
-from wc_fast import checkpoint, config
+from wc_fast import config
+from wc_fast.infra import checkpoint
+from wc_fast.infra.sharded_checkpoint import ShardedWriter
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import load_checkpoint_model
-from wc_fast.sharded_checkpoint import ShardedWriter
 from wc_fast.tools.export import export
 from wc_fast.tools.export import main as export_main
 from wc_fast.train import main

@@ -1,5 +1,5 @@
 """The old model and the KL's reference hold copies of the trained weights only, over the
-current model's own frozen weights (``wc_fast.optim.frozen_copy``), and training is bit for
+current model's own frozen weights (``wc_fast.rl.optim.frozen_copy``), and training is bit for
 bit what it was with whole copies.
 
 The tiny base's recipe trains only the conditioning pathway (``optim.trainable
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from wc_fast import config as config_lib
-from wc_fast import optim
 from wc_fast.models import TinyWorldDiT
-from wc_fast.trainer import Trainer
+from wc_fast.rl import optim
+from wc_fast.rl.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -57,7 +57,7 @@ def _run(overrides: dict[str, str], steps: int = 3) -> tuple[Trainer, list]:
 
 def _whole_copies(monkeypatch) -> None:
     real = optim.frozen_copy
-    for module in ("wc_fast.trainer", "wc_fast.updates.base"):
+    for module in ("wc_fast.rl.trainer", "wc_fast.rl.updates.base"):
         monkeypatch.setattr(f"{module}.frozen_copy",
                             lambda model, share_untrained=True, on_meta=False, real=real: real(
                                 model, share_untrained=False, on_meta=on_meta))
@@ -165,7 +165,7 @@ def test_frozen_block_matrices_in_bf16_train_bit_for_bit_as_fp32(monkeypatch, ba
     assert in_blocks and all(p.dtype == torch.bfloat16 for p in in_blocks)
     assert all(p.dtype == torch.float32 for p in held.model.parameters() if p.requires_grad)
     with monkeypatch.context() as patch:
-        patch.setattr("wc_fast.trainer.hold_frozen_matrices_in", lambda model, dtype: 0)
+        patch.setattr("wc_fast.rl.trainer.hold_frozen_matrices_in", lambda model, dtype: 0)
         fp32, fp32_rows = _bf16_run(BF16_MODELS[backbone])
     assert all(p.dtype == torch.float32 for p in fp32.model.parameters())
     assert [r.loss for r in held_rows] == [r.loss for r in fp32_rows]

@@ -724,7 +724,7 @@ def test_batched_eager_baseline_runs_no_custom_op_and_replicates_the_history(mon
     fused ops) and SDPA over a replicated history; afterwards the rules' ops are restored."""
     from wc_fast import config as config_lib
     from wc_fast.models import TinyWorldDiT
-    from wc_fast.updates import nft as nft_rule
+    from wc_fast.rl.updates import nft as nft_rule
     from wc_kernels.ops.prefix_attention import _FAST
 
     batched_eager = _load("batched_eager")

@@ -9,13 +9,13 @@ import torch
 from gloo_ranks import spawn_ranks
 from safetensors.torch import load_file
 
-from wc_fast import checkpoint
 from wc_fast.config import preset
-from wc_fast.ema import ema_decay
+from wc_fast.infra import checkpoint
+from wc_fast.infra.telemetry import GpuTelemetry
 from wc_fast.models import TinyWorldDiT
-from wc_fast.telemetry import GpuTelemetry
+from wc_fast.rl.ema import ema_decay
+from wc_fast.rl.trainer import RewardNaNError, Trainer
 from wc_fast.train import main
-from wc_fast.trainer import RewardNaNError, Trainer
 
 SMOKE = ["--preset", "smoke", "--train.ckpt_every", "1"]
 

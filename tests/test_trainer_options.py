@@ -9,17 +9,17 @@ import torch
 from torch.optim import AdamW
 
 from wc_fast import config as config_lib
-from wc_fast import trainer as trainer_module
 from wc_fast.actions import split_action
-from wc_fast.advantages import group_advantages
-from wc_fast.ema import ema_decay
 from wc_fast.models import TinyWorldDiT
-from wc_fast.optim import GroupedMuon
 from wc_fast.rewards import interaction_score
 from wc_fast.rewards import registry as reward_registry
+from wc_fast.rl import trainer as trainer_module
+from wc_fast.rl.advantages import group_advantages
+from wc_fast.rl.ema import ema_decay
+from wc_fast.rl.optim import GroupedMuon
+from wc_fast.rl.trainer import Trainer
+from wc_fast.rl.updates import nft as nft_module
 from wc_fast.train import main
-from wc_fast.trainer import Trainer
-from wc_fast.updates import nft as nft_module
 from wc_fast.world import sample_sequences
 
 pytestmark = pytest.mark.usefixtures("one_thread")

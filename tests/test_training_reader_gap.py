@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from wc_fast import checkpoint
 from wc_fast import config as config_lib
+from wc_fast.infra import checkpoint
 from wc_fast.models import TinyWorldDiT
 from wc_fast.rewards import registry as reward_registry
+from wc_fast.rl.trainer import Trainer
 from wc_fast.train import main
-from wc_fast.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 from test_trainer_options import _config
 
+from wc_fast.infra.runtime import generator
 from wc_fast.models import ContextCache, TinyWorldDiT
 from wc_fast.rewards import RewardModels
 from wc_fast.rewards import registry as reward_registry
-from wc_fast.rollout import GroupRollout, rollout_clip_level
-from wc_fast.runtime import generator
-from wc_fast.trainer import Trainer
-from wc_fast.updates import GRPOUpdate, MicroLoss, NFTUpdate, Update, build_update
+from wc_fast.rl.rollout import GroupRollout, rollout_clip_level
+from wc_fast.rl.trainer import Trainer
+from wc_fast.rl.updates import GRPOUpdate, MicroLoss, NFTUpdate, Update, build_update
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -21,8 +21,8 @@ from wc_fast.models.pretrained import (
     load_world_model,
     new_world_model,
 )
-from wc_fast.models.wan import WanWorldModel
-from wc_fast.models.wan_embedded import embedded_wan_model
+from wc_fast.models.wan.embedded import embedded_wan_model
+from wc_fast.models.wan.model import WanWorldModel
 
 # a tiny embedded Wan model on the world's 32x32 frames: 8x8 patches, width 24, one block
 TINY = ModelConfig(backbone="wan", reference_frame=False, patch=8, dim=24, heads=2, depth=1)

@@ -20,11 +20,11 @@ from test_train import _assert_same, _final_weights, _rank
 from test_wan_training import tiny_transformer, tiny_vae, wan_args, wan_config
 from test_wan_world_model import CLIP, latents, tiny_model, with_action_weights
 
-import wc_fast.models.tiny_dit as tiny_dit
-import wc_fast.models.wan as wan
+import wc_fast.models.tiny.dit as tiny_dit
+import wc_fast.models.wan.model as wan
 import wc_fast.train as train
-from wc_fast import checkpoint
 from wc_fast import config as config_lib
+from wc_fast.infra import checkpoint
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.pretrained import (
     export_world_model,
@@ -33,7 +33,7 @@ from wc_fast.models.pretrained import (
     load_wan_world_model,
     load_world_model,
 )
-from wc_fast.trainer import Trainer
+from wc_fast.rl.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

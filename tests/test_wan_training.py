@@ -16,12 +16,12 @@ from safetensors.torch import save_file
 from test_train import _assert_same, _final_weights, _rank
 from video_check import assert_generates
 
-from wc_fast import checkpoint
 from wc_fast import config as config_lib
+from wc_fast.infra import checkpoint
 from wc_fast.models.pretrained import frame_codec, load_wan_world_model
-from wc_fast.models.wan_vae import WanLatentCodec
+from wc_fast.models.wan.vae import WanLatentCodec
+from wc_fast.rl.trainer import Trainer
 from wc_fast.train import main
-from wc_fast.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""WanWorldModel (wc_fast/models/wan.py) on a tiny random WanTransformer3DModel."""
+"""WanWorldModel (wc_fast/models/wan/model.py) on a tiny random WanTransformer3DModel."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from diffusers import WanTransformer3DModel
 
 from wc_fast.models import WorldModel
-from wc_fast.models.wan import WanWorldModel
+from wc_fast.models.wan.model import WanWorldModel
 
 CLIP = 2
 LATENT = (4, 6)

@@ -10,17 +10,17 @@ from gloo_ranks import spawn_ranks
 from test_train import SMOKE, _assert_same, _final_weights, _rank
 from test_trainer_options import _config
 
-from wc_fast import checkpoint
 from wc_fast.config import ModelConfig
+from wc_fast.infra import checkpoint
 from wc_fast.models import TinyWorldDiT
-from wc_fast.models.tiny_dit import accumulate_over_clips, affine_flow, warp
-from wc_fast.rollout import (
+from wc_fast.models.tiny.dit import accumulate_over_clips, affine_flow, warp
+from wc_fast.rl.rollout import (
     MotionExploration,
     rollout_clip_level,
     rollout_sample_level,
     warp_exploration_offsets,
 )
-from wc_fast.sampler import ClipSampler
+from wc_fast.rl.sampler import ClipSampler
 from wc_fast.train import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -234,7 +234,7 @@ def test_prediction_must_be_a_known_kind():
 
 
 def test_warp_shifts_by_whole_pixels_exactly_and_keeps_zero_flow_identity():
-    from wc_fast.models.tiny_dit import warp
+    from wc_fast.models.tiny.dit import warp
 
     frames = torch.randn(2, 3, 3, 8, 8, dtype=torch.float64)
     flow = torch.zeros(2, 3, 2, 8, 8, dtype=torch.float64)
@@ -247,7 +247,7 @@ def test_warp_shifts_by_whole_pixels_exactly_and_keeps_zero_flow_identity():
 
 
 def test_affine_flow_is_a_shift_plus_a_linear_field_about_the_image_centre():
-    from wc_fast.models.tiny_dit import affine_flow
+    from wc_fast.models.tiny.dit import affine_flow
 
     params = torch.zeros(2, 3, 6, dtype=torch.float64)
     params[0, 1] = torch.tensor([1.5, 0, 0, -2.0, 0, 0], dtype=torch.float64)  # a pure shift
@@ -309,7 +309,7 @@ def test_bfloat16_autocast_model_tracks_the_fp32_model(prediction):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tanh_gelu_compiled_sigmoid_form_equals_the_eager_tanh_form(dtype):
-    from wc_fast.models.tiny_dit import TanhGELU
+    from wc_fast.models.tiny.dit import TanhGELU
 
     gelu = TanhGELU()
     x = (4 * torch.randn(3, 37, 50)).to(dtype).requires_grad_()

@@ -11,16 +11,16 @@ from gloo_ranks import spawn_ranks
 from test_train import SMOKE, _assert_same, _final_weights, _rank
 from test_trainer_options import _config
 
-from wc_fast import checkpoint
-from wc_fast import sampler as sampler_module
 from wc_fast.actions import action_id, num_primitives
-from wc_fast.advantages import optimality
+from wc_fast.infra import checkpoint
 from wc_fast.models import TinyWorldDiT
 from wc_fast.models.motion_latent import noise_latents
-from wc_fast.noise_warp import warp_noise
-from wc_fast.sampler import ClipSampler
+from wc_fast.rl import sampler as sampler_module
+from wc_fast.rl.advantages import optimality
+from wc_fast.rl.noise_warp import warp_noise
+from wc_fast.rl.sampler import ClipSampler
+from wc_fast.rl.trainer import Trainer, decoupled, group_prompt, high_motion_prompt
 from wc_fast.train import main
-from wc_fast.trainer import Trainer, decoupled, group_prompt, high_motion_prompt
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,5 +1,5 @@
 """Our actions and commanded camera path -> WorldPlay's action ids, view matrices and
-intrinsics (wc_fast.models.worldplay_camera), on hand-worked cases and against a transcription
+intrinsics (wc_fast.models.worldplay.camera), on hand-worked cases and against a transcription
 of the labelling in HY-WorldPlay's hyvideo/generate.py (pose_to_input)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from scipy.spatial.transform import Rotation
 
-from wc_fast.models.worldplay_camera import (
+from wc_fast.models.worldplay.camera import (
     action_keys,
     camera_path,
     history_cameras,

@@ -11,14 +11,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from wc_fast.models.protocol import ContextCache, WorldModel
-from wc_fast.models.worldplay import WorldPlayConfig, WorldPlayWorldModel, key_pattern_weights
-from wc_fast.models.worldplay_camera import (
+from wc_fast.models.worldplay.camera import (
     action_keys,
     history_cameras,
     intrinsics,
     view_matrices,
 )
-from wc_fast.models.worldplay_tiny import write_tiny_checkpoint
+from wc_fast.models.worldplay.model import WorldPlayConfig, WorldPlayWorldModel, key_pattern_weights
+from wc_fast.models.worldplay.tiny import write_tiny_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "worldplay_tiny"
 # fp32 against the official transformer's fp32 output (values up to about 2.6): the order of
@@ -260,7 +260,7 @@ def test_frozen_block_matrices_in_bf16_predict_what_fp32_ones_do_under_bf16_auto
     and the adapters' included: its cache and velocity are those of its fp32 weights to the
     bit, since bf16 autocast rounds each weight to bf16 on every call anyway."""
     pytest.importorskip("peft")
-    from wc_fast.optim import frozen_copy, hold_frozen_matrices_in
+    from wc_fast.rl.optim import frozen_copy, hold_frozen_matrices_in
 
     model = fixture_model()[0]
     model.autocast_dtype = torch.bfloat16

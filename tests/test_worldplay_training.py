@@ -1,5 +1,5 @@
 """Training WorldPlay through the normal trainer: the presets, the HunyuanVideo-1.5 VAE codec,
-and two RL iterations of the tiny random model (python -m wc_fast.models.worldplay_tiny) end to
+and two RL iterations of the tiny random model (python -m wc_fast.models.worldplay.tiny) end to
 end with checkpoints and an exact resume."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from gloo_ranks import spawn_ranks
 from test_train import _assert_same, _final_weights, _rank
 from video_check import assert_generates
 
-from wc_fast import checkpoint
 from wc_fast import config as config_lib
+from wc_fast.infra import checkpoint
 from wc_fast.models.pretrained import frame_codec, load_worldplay_world_model
-from wc_fast.models.worldplay import WorldPlayWorldModel
-from wc_fast.models.worldplay_tiny import write_tiny_checkpoint
-from wc_fast.models.worldplay_vae import HunyuanLatentCodec
+from wc_fast.models.worldplay.model import WorldPlayWorldModel
+from wc_fast.models.worldplay.tiny import write_tiny_checkpoint
+from wc_fast.models.worldplay.vae import HunyuanLatentCodec
 from wc_fast.train import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -13,7 +13,7 @@ Reported per set, per horizon (short / medium / long = first, middle, last third
 and per clip index (the exposure-bias view), like the WorldCompass paper's Table 1; the
 composite set also by the number of keys pressed.
 
-Beside them, measures no compared model was fitted to (:mod:`wc_fast.evaluation`), in
+Beside them, measures no compared model was fitted to (:mod:`wc_fast.measures`), in
 ``result[set]["metrics"]`` per horizon, for all clips (``all``), the trained clip alone
 (``clip1``), clips 2 on (``clips_2_on``) and per clip (``by_clip``): ``accuracy`` and ``vq``
 as above, ``fit_accuracy`` (a classical camera fit's action accuracy), ``psnr`` and ``ssim``
@@ -21,13 +21,13 @@ against the true render of the same frames, ``rot_err_deg`` and ``trans_err`` (t
 per-frame relative pose error against the true camera path), ``frechet`` (generated vs true
 renders on 4x4-pooled pixels), and the floors ``psnr_floor``, ``ssim_floor`` and
 ``frechet_floor``: the same measures of true renders of the same commands at other key-press
-speeds (drawn from ``set seed + FLOOR_SEED_OFFSET``; :mod:`wc_fast.evaluation.floor`), what a
+speeds (drawn from ``set seed + FLOOR_SEED_OFFSET``; :mod:`wc_fast.measures.floor`), what a
 model that follows every command perfectly would score. ``result[set]["per_sequence"]``
 holds every per-clip value ``[n, N]`` for paired bootstrap intervals
-(:func:`wc_fast.evaluation.paired_bootstrap`); ``result["ground_truth"][set]`` the same fit on
+(:func:`wc_fast.measures.paired_bootstrap`); ``result["ground_truth"][set]`` the same fit on
 the true renders. ``--save-frames DIR`` writes ``DIR/<set>.npz`` with the keys
 ``generated``, ``ground_truth``, ``actions``, ``c2w_true``, ``c2w_commanded`` and ``c2w_fit``
-(shapes in :mod:`wc_fast.evaluation.frames_io`). ``--final`` evaluates on
+(shapes in :mod:`wc_fast.measures.frames_io`). ``--final`` evaluates on
 :data:`FINAL_EVAL_SEED`, reserved for final tables (never for tuning); ``--validation`` on
 :data:`VALIDATION_EVAL_SEED`, where a choice between recipes may be made.
 """
@@ -53,7 +53,9 @@ from tqdm import tqdm
 from wc_fast import config as config_lib
 from wc_fast.actions import describe, num_primitives, split_action
 from wc_fast.cli import add_debug, config_pairs, run_main
-from wc_fast.evaluation import (
+from wc_fast.infra.run_dir import check_writable_file
+from wc_fast.infra.runtime import generator, resolve_device
+from wc_fast.measures import (
     clip_metrics,
     fit_path,
     fit_scores,
@@ -61,15 +63,13 @@ from wc_fast.evaluation import (
     save_set,
     summarize_truth,
 )
-from wc_fast.evaluation.floor import draw_motion_factors, render_sequences
-from wc_fast.evaluation.report import frame_distances
+from wc_fast.measures.floor import draw_motion_factors, render_sequences
+from wc_fast.measures.report import frame_distances
 from wc_fast.models.pretrained import load_checkpoint_model
 from wc_fast.rewards import load_critic, load_estimator, vq_scores
 from wc_fast.rewards.interaction import action_accuracy
-from wc_fast.rollout import generate_history
-from wc_fast.run_dir import check_writable_file
-from wc_fast.runtime import generator, resolve_device
-from wc_fast.sampler import ClipSampler
+from wc_fast.rl.rollout import generate_history
+from wc_fast.rl.sampler import ClipSampler
 from wc_fast.world import sample_sequences
 
 if TYPE_CHECKING:
@@ -339,7 +339,7 @@ def print_comparison(before: dict, after: dict, console: Console, title: str) ->
 
 def save_grid(path: str | Path, frames: dict, estimator, max_rows: int = 4) -> Path:
     """Rollout grid: generated basic and composite sequences with commanded/estimated paths."""
-    from wc_fast.viz import save_rollout_grid
+    from wc_fast.infra.viz import save_rollout_grid
 
     rows, cmd, titles = [], [], []
     for kind, (gen, data) in frames.items():

@@ -22,7 +22,6 @@ import torch
 from PIL import Image, ImageDraw
 from torch import Tensor
 
-from wc_fast import checkpoint
 from wc_fast import config as config_lib
 from wc_fast.actions import (
     ROTATION_PRIMITIVES,
@@ -33,13 +32,14 @@ from wc_fast.actions import (
     split_action,
 )
 from wc_fast.cli import add_debug, run_main
-from wc_fast.extras import require
+from wc_fast.infra import checkpoint
+from wc_fast.infra.extras import require
+from wc_fast.infra.run_dir import check_writable_file
+from wc_fast.infra.runtime import generator, resolve_device
 from wc_fast.models import WorldModel
 from wc_fast.models.pretrained import checkpoint_config, frame_codec, load_checkpoint_model
-from wc_fast.rollout import generate_history
-from wc_fast.run_dir import check_writable_file
-from wc_fast.runtime import generator, resolve_device
-from wc_fast.sampler import ClipSampler
+from wc_fast.rl.rollout import generate_history
+from wc_fast.rl.sampler import ClipSampler
 from wc_fast.world import sample_sequences
 
 # single letters for the movement keys, as a keyboard has them

@@ -1,6 +1,6 @@
 """``python -m wc_fast.pretrain``: flow-matching pretraining of an embedded world model
 (``--base tiny``, :class:`TinyWorldDiT`, or ``--base wan``, the embedded
-:class:`~wc_fast.models.wan.WanWorldModel` on pixels).
+:class:`~wc_fast.models.wan.model.WanWorldModel` on pixels).
 
 Teacher-forced and autoregressive over clips: every clip of a rendered sequence is denoised
 given its clean history (seen at ``model.context_sigma``, with that much noise added), all
@@ -25,18 +25,18 @@ from torch import Tensor
 from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
-from wc_fast import checkpoint
 from wc_fast import config as config_lib
 from wc_fast.cli import RunArgs, parse_run_args, run_main
+from wc_fast.infra import checkpoint
+from wc_fast.infra.run_dir import RunLock, check_writable_dir, claim
+from wc_fast.infra.runtime import generator, resolve_device, stream_seed
 from wc_fast.models.motion_latent import LATENTS, factor_latents, with_latents
 from wc_fast.models.pretrained import (
     export_world_model,
     load_world_model,
     new_world_model,
 )
-from wc_fast.run_dir import RunLock, check_writable_dir, claim
-from wc_fast.runtime import generator, resolve_device, stream_seed
-from wc_fast.sampler import time_shift
+from wc_fast.rl.sampler import time_shift
 from wc_fast.world import Clips, batch_seed, sample_sequences
 from wc_kernels import flow_noise
 
@@ -171,7 +171,7 @@ def held_out_losses(models: dict[str, EmbeddedModel], batch: Clips, cfg: config_
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Check and lock ``pretrain.out`` (:mod:`wc_fast.run_dir`), then pretrain in it."""
+    """Check and lock ``pretrain.out`` (:mod:`wc_fast.infra.run_dir`), then pretrain in it."""
     run = parse_run_args("python -m wc_fast.pretrain", "Pretrain an embedded world model.",
                          argv, kind=config_lib.PRETRAIN_RUN, steps_field="pretrain.steps",
                          out_field="pretrain.out", with_base=True)

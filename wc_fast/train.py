@@ -4,7 +4,7 @@ On a CPU machine the default preset (``cpu``) post-trains the shipped embedded w
 minutes; under ``torchrun`` groups are split across ranks (gloo on CPU, NCCL on GPU). Writes
 ``metrics.jsonl``, ``rewards.png``, checkpoints and, at the end, a base-vs-trained evaluation
 table, ``summary.json`` and a rollout grid into ``--out``, which it checks and locks
-(:mod:`wc_fast.run_dir`) before any setup.
+(:mod:`wc_fast.infra.run_dir`) before any setup.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import torch.distributed as dist
 from rich.console import Console
 from tqdm import tqdm
 
-from wc_fast import checkpoint, elastic
 from wc_fast import config as config_lib
 from wc_fast.cli import RunArgs, config_yaml, parse_run_args, run_main
-from wc_fast.distributed import DistInfo, init_from_env, optimizer_state, shutdown
-from wc_fast.metrics import (
+from wc_fast.infra import checkpoint, elastic
+from wc_fast.infra.distributed import DistInfo, init_from_env, optimizer_state, shutdown
+from wc_fast.infra.metrics import (
     MetricsLog,
     TensorBoardLog,
     Tracker,
@@ -35,17 +35,17 @@ from wc_fast.metrics import (
     matmul_flops,
     plot_rewards,
 )
+from wc_fast.infra.preemption import EXIT_PREEMPTED, StopRequest
+from wc_fast.infra.rank_layout import FIELD as GROUPS_PER_RANK
+from wc_fast.infra.rank_layout import follow_world_size, global_batch
+from wc_fast.infra.run_dir import RunLock, check_writable_dir, claim
+from wc_fast.infra.runtime import resolve_device
+from wc_fast.infra.sharded_checkpoint import ShardedWriter
+from wc_fast.infra.telemetry import GpuTelemetry
+from wc_fast.infra.watchdog import Watchdog
 from wc_fast.models import WorldModel
 from wc_fast.models.pretrained import frame_codec, initial_model
-from wc_fast.preemption import EXIT_PREEMPTED, StopRequest
-from wc_fast.rank_layout import FIELD as GROUPS_PER_RANK
-from wc_fast.rank_layout import follow_world_size, global_batch
-from wc_fast.run_dir import RunLock, check_writable_dir, claim
-from wc_fast.runtime import resolve_device
-from wc_fast.sharded_checkpoint import ShardedWriter
-from wc_fast.telemetry import GpuTelemetry
-from wc_fast.trainer import NumericalFaultError, Trainer
-from wc_fast.watchdog import Watchdog
+from wc_fast.rl.trainer import NumericalFaultError, Trainer
 
 # fields that may differ between an interrupted run and its resumption (train.steps: a resumed
 # run may be extended, see _schedule_steps), and the sections a checkpoint written by an
@@ -125,7 +125,7 @@ def _schedule_steps(ckpt: checkpoint.Checkpoint, cfg: config_lib.Config) -> int:
 
 def _resume(trainer: Trainer, cfg: config_lib.Config) -> checkpoint.Checkpoint:
     """Load the newest intact checkpoint of ``train.out`` into ``trainer``; one of another
-    config (or another global batch) raises :class:`~wc_fast.checkpoint.ConfigMismatchError`
+    config (or another global batch) raises :class:`~wc_fast.infra.checkpoint.ConfigMismatchError`
     naming the fields."""
     ckpt = checkpoint.load_latest_intact(cfg.train.out,
                                          models={"model": trainer.model, "old": trainer.old},

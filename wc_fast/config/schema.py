@@ -97,7 +97,7 @@ class ModelConfig:
         "without it leaves the model unchanged, and RL can then train it")})
     backbone: Backbone = field(default="tiny", metadata={"help": (
         "tiny: the embedded TinyWorldDiT, sized by the fields above. wan: a WanWorldModel; "
-        "with an empty model.path the embedded Wan world model (wc_fast.models.wan_embedded), "
+        "with an empty model.path the embedded Wan world model (wc_fast.models.wan.embedded), "
         "a tiny diffusers WanTransformer3DModel on the world's pixel frames sized by patch, "
         "dim, depth and heads (no reference frame, velocity prediction); with a model.path it "
         "works on the latents of the Wan VAE. worldplay: a WorldPlayWorldModel "
@@ -109,7 +109,7 @@ class ModelConfig:
         "config.json and the action model's safetensors) and vae/ (diffusers' "
         "HunyuanVideo-1.5 VAE). Such a backbone takes model.resolution (the world's and the "
         "rewards' pixel frames), model.clip_frames (one latent frame per frame, "
-        "wc_fast.models.wan_vae) and model.context_sigma from here; its sizes come from the "
+        "wc_fast.models.wan.vae) and model.context_sigma from here; its sizes come from the "
         "path, so patch, dim, depth, heads, reference_frame and prediction do not apply")})
     prompt_embeds: str = field(default="", metadata={"help": (
         "a Wan backbone's text conditioning: a .safetensors file holding one tensor "
@@ -193,13 +193,13 @@ class RolloutConfig:
         "conditioning after Go-with-the-Flow, docs/design.md section 4.2). Frames 2..F of "
         "every sampled clip's initial noise are sqrt(1 - a^2) fresh + a warped, where warped "
         "is the previous frame's noise moved along the image flow of the commanded camera "
-        "motion (wc_fast.noise_warp); every element stays a standard normal and frame 1 (with "
+        "motion (wc_fast.rl.noise_warp); every element stays a standard normal and frame 1 (with "
         "its motion latents) is left as drawn")})
     warp_exploration: float = field(default=0.0, metadata={"help": (
         "standard deviation, in pixels per frame, of a random camera motion imposed on each "
         "candidate of a rollout (0 = off): a shift in x, a shift in y and a zoom (measured at "
         "the image edge), added to the warp head's affine flow of every frame of the "
-        "candidate's clip (wc_fast.rollout.warp_exploration_offsets). The update trains the "
+        "candidate's clip (wc_fast.rl.rollout.warp_exploration_offsets). The update trains the "
         "model without the offset toward the candidates that scored well, so it distils the "
         "camera motion that followed the command: exploration in motion, where the noise "
         "alone moves the candidates of a group alike. Needs the embedded model with "
@@ -209,7 +209,7 @@ class RolloutConfig:
         "the same exploration through the model's action conditioning, for any backbone: "
         "each candidate's movement-key intensities (1 for a pressed key, 0 for the others) "
         "get an offset per key drawn from a normal of this standard deviation, held over the "
-        "clip (wc_fast.rollout.MotionExploration; 0 = off). The history and the update see "
+        "clip (wc_fast.rl.rollout.MotionExploration; 0 = off). The history and the update see "
         "the commanded keys alone. With train.update flow_grpo the recorded SDE steps are "
         "scored again under the commanded keys, so the PPO ratio starts at 1 as an on-policy "
         "one does")})
@@ -412,7 +412,7 @@ class OptimConfig:
 
 @dataclass(slots=True)
 class EMAConfig:
-    """Old-model EMA decay schedule (see :func:`wc_fast.ema.ema_decay`)."""
+    """Old-model EMA decay schedule (see :func:`wc_fast.rl.ema.ema_decay`)."""
 
     schedule: EmaSchedule = field(default="linear", metadata={"help": (
         "linear: from ema.start to ema.end over the run (paper); official: min(0.9, 0.2 + "
@@ -470,7 +470,7 @@ class TrainConfig:
         "tensorboard extra), wandb (a Weights & Biases run, offline unless an API key is "
         "configured; needs the wandb extra). Both trackers also get the resolved config and "
         "the reward and rollout plots, under torchtitan-style metric names "
-        "(wc_fast.metrics.TAGS)")})
+        "(wc_fast.infra.metrics.TAGS)")})
     collective_timeout_s: float = field(default=1800.0, metadata={"help": (
         "multi-rank runs: the process-group timeout of every collective (also bounding how "
         "long ranks wait for rank 0's checkpoint writes and end-of-run evaluation), and how "

@@ -7,7 +7,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from wc_fast.extras import require
+from wc_fast.infra.extras import require
 
 
 def import_peft() -> ModuleType:

@@ -14,16 +14,16 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch.optim.swa_utils import AveragedModel
 
-from wc_fast import checkpoint
 from wc_fast.config import Config, ModelConfig, PretrainRun, from_dict, validate_model
-from wc_fast.extras import require
+from wc_fast.infra import checkpoint
+from wc_fast.infra.extras import require
 from wc_fast.models.lora import import_peft
 from wc_fast.models.protocol import FrameCodec, PixelFrames, WorldModel
-from wc_fast.models.tiny_dit import DTYPES, TinyWorldDiT
+from wc_fast.models.tiny.dit import DTYPES, TinyWorldDiT
 
 if TYPE_CHECKING:
-    from wc_fast.models.wan import WanWorldModel
-    from wc_fast.models.worldplay import WorldPlayWorldModel
+    from wc_fast.models.wan.model import WanWorldModel
+    from wc_fast.models.worldplay.model import WorldPlayWorldModel
 
     # a world model built from a ModelConfig alone (no diffusers directory): what pretraining
     # trains and an exported weights file holds
@@ -47,7 +47,7 @@ def new_world_model(cfg: ModelConfig, *, seed: int = 0) -> EmbeddedModel:
         raise ValueError(f"model.path {cfg.path!r} names a pretrained Wan backbone; an embedded "
                          "world model (built and pretrained here) needs an empty model.path")
     require("diffusers", user="model.backbone wan")
-    from wc_fast.models.wan_embedded import embedded_wan_model
+    from wc_fast.models.wan.embedded import embedded_wan_model
 
     return embedded_wan_model(cfg, seed=seed)
 
@@ -212,8 +212,8 @@ def load_wan_world_model(cfg: ModelConfig, device: torch.device | str = "cpu", *
     directories or files raise ``FileNotFoundError`` naming them, a missing ``peft``
     ``ValueError``."""
     require("diffusers", user="model.backbone wan")
-    from wc_fast.models.wan import WanWorldModel
-    from wc_fast.models.wan_vae import spatial_factor
+    from wc_fast.models.wan.model import WanWorldModel
+    from wc_fast.models.wan.vae import spatial_factor
 
     if cfg.lora_rank:
         import_peft()  # before loading a backbone that could not be adapted
@@ -252,8 +252,8 @@ def load_worldplay_world_model(cfg: ModelConfig, device: torch.device | str = "c
     on the latents of its ``vae/`` for ``cfg.resolution`` pixel frames, conditioned on
     ``cfg.prompt_embeds``, with LoRA adapters when ``cfg.lora_rank > 0``."""
     require("diffusers", user="model.backbone worldplay")
-    from wc_fast.models.worldplay import WorldPlayWorldModel
-    from wc_fast.models.worldplay_vae import spatial_factor
+    from wc_fast.models.worldplay.model import WorldPlayWorldModel
+    from wc_fast.models.worldplay.vae import spatial_factor
 
     if cfg.lora_rank:
         import_peft()
@@ -276,12 +276,12 @@ def frame_codec(cfg: ModelConfig, device: torch.device | str = "cpu") -> FrameCo
     model, the VAE of ``cfg.path`` for a Wan or WorldPlay backbone read from there."""
     if cfg.backbone == "wan" and cfg.path:
         require("diffusers", user="model.backbone wan")
-        from wc_fast.models.wan_vae import WanLatentCodec
+        from wc_fast.models.wan.vae import WanLatentCodec
 
         return WanLatentCodec.from_pretrained(cfg.path, pixel_size=cfg.resolution, device=device)
     if cfg.backbone == "worldplay":
         require("diffusers", user="model.backbone worldplay")
-        from wc_fast.models.worldplay_vae import HunyuanLatentCodec
+        from wc_fast.models.worldplay.vae import HunyuanLatentCodec
 
         return HunyuanLatentCodec.from_pretrained(cfg.path, pixel_size=cfg.resolution,
                                                   device=device)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from wc_fast.runtime import uniform
+from wc_fast.infra.runtime import uniform
 
 KINDS = ("blur", "noise", "color", "ghost", "smear")
 STRENGTHS = {"blur": (0.6, 1.5), "noise": (0.03, 0.15), "color": (0.1, 0.25),

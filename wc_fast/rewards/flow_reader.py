@@ -1,7 +1,7 @@
 """A white-box reader of camera motion: the camera path that explains a warp model's own flow.
 
 A ``prediction="warp"`` world model draws each frame of a clip as the clip's reference frame
-warped by a predicted flow (:func:`wc_fast.models.tiny_dit.warp`), plus a residual. Knowing
+warped by a predicted flow (:func:`wc_fast.models.tiny.dit.warp`), plus a residual. Knowing
 the reference frame's true depth, a camera motion implies a flow; the motion whose implied
 flow best matches the predicted one is what the model's geometry did, read without any
 learned weights (a residual that paints motion the flow does not carry is invisible to this

@@ -1,7 +1,7 @@
 """``python -m wc_fast.tools.compare BASE.json TRAINED.json [TRAINED.json ...]``: the paired
 change of every metric from a base model's evaluation to a trained model's (one file per
 training seed), with 95% bootstrap intervals, as a Markdown table
-(:mod:`wc_fast.evaluation.compare`)."""
+(:mod:`wc_fast.measures.compare`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from wc_fast.cli import run_main
-from wc_fast.evaluation.compare import compare, markdown
+from wc_fast.measures.compare import compare, markdown
 
 
 def main(argv: Sequence[str] | None = None) -> int:

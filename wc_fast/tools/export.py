@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from wc_fast import checkpoint
 from wc_fast.cli import add_debug, run_main
-from wc_fast.extras import require
+from wc_fast.infra import checkpoint
+from wc_fast.infra.extras import require
+from wc_fast.infra.run_dir import check_writable_dir
 from wc_fast.models.lora import lora_parameters
 from wc_fast.models.pretrained import checkpoint_config, load_checkpoint_model
-from wc_fast.run_dir import check_writable_dir
 
 
 def export(path: str | Path, out: str | Path) -> list[Path]:

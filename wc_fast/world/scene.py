@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from wc_fast.runtime import uniform
+from wc_fast.infra.runtime import uniform
 from wc_fast.world.motion import rot_x, rot_y
 
 FLOOR_Y = 0.9

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from wc_fast.actions import NUM_ACTIONS, basic_actions, composite_actions, num_primitives
-from wc_fast.runtime import uniform
+from wc_fast.infra.runtime import uniform
 from wc_fast.world.motion import (
     ONSET_RANGE,
     ROTATION_STEP_DEG,

@@ -1,0 +1,2 @@
+"""The RL loop: rollouts, advantages, the sampler, the update rules, EMA and the
+optimiser setup the trainer drives."""
