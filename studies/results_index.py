@@ -18,7 +18,9 @@ belongs in ``archive/`` (same sub-path), where every file is listed as supersede
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
+import io
 import json
 import re
 import sys
@@ -77,9 +79,10 @@ def lookups() -> Lookups:
             names.add(f"{prefix}base_{tag}.json")
             for row in ROWS:
                 for seed in range(3):
-                    try:
-                        tid = training_id(row, seed, None, base)
-                    except SystemExit:  # a row the base cannot train (the warp head's rows)
+                    try:  # a row the base cannot train (the warp head's) exits with a usage error
+                        with contextlib.redirect_stderr(io.StringIO()):
+                            tid = training_id(row, seed, None, base)
+                    except SystemExit:
                         continue
                     names.add(f"{prefix}{row}_s{seed}_cfg-{tid}_{tag}.json")
     return Lookups(frozenset(names), evaluations)
@@ -213,7 +216,7 @@ def classify(files: list[str], found: Lookups, cited: dict[str, str],
 
 
 def build(root: Path = ROOT, found: Lookups | None = None) -> dict:
-    """The index of the result files under ``root``."""
+    """The index of the result files under ``root`` (today's lookups unless ``found``)."""
     files = result_files(root)
     return {"command": COMMAND,
             "files": classify(files, found or lookups(), citations(root), root)}
@@ -243,13 +246,13 @@ def load(path: Path) -> dict:
     return index
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when the committed index is not what this command writes")
     args = parser.parse_args(argv)
-    path = ROOT / INDEX
-    text = render(build())
+    path = root / INDEX
+    text = render(build(root))
     if args.check:
         if load(path) != json.loads(text):
             print(f"{INDEX} is stale: run {COMMAND}", file=sys.stderr)
