@@ -39,9 +39,9 @@ STATUSES = ("current", "superseded")
 # the evaluation size of the study's and the final table's rows (their defaults)
 SIZE = "64x6"
 # a row cache: [BASE_]ROW[_sSEED_cfg-TRAINING]_SIZE_SET-EVALUATION.json
-ROW_CACHE = re.compile(r"^(?:(?P<base>wan)_)?(?P<row>.+?)(?:_s(?P<seed>\d+)_cfg-(?P<tid>[0-9a-f]{8}))?"
-                       r"_(?P<size>\d+x\d+)_(?P<set>eval|validation|final)-(?P<eid>[0-9a-f]{8})"
-                       r"\.json$")
+ROW_CACHE = re.compile(r"^(?:(?P<base>wan)_)?(?P<row>.+?)"
+                       r"(?:_s(?P<seed>\d+)_cfg-(?P<tid>[0-9a-f]{8}))?_(?P<size>\d+x\d+)"
+                       r"_(?P<set>eval|validation|final)-(?P<eid>[0-9a-f]{8})\.json$")
 CITED = re.compile(r"(?:`|\]\(|\s|^)(?:\.\./)?(studies/results/[A-Za-z0-9_./*{},-]*)")
 BARE = re.compile(r"`([A-Za-z0-9_.-]+\.(?:json|md|log))`")
 
@@ -114,7 +114,7 @@ def citations(root: Path = ROOT) -> dict[str, str]:
     return cited
 
 
-def _cited_by(path: str, cited: dict[str, str], files: Iterable[str]) -> str | None:
+def cited_by(path: str, cited: dict[str, str], files: Iterable[str]) -> str | None:
     """The doc that cites ``path``: by path or pattern, by bare name, or by a folder of no row
     caches (a folder of row caches is cited for its caches, which the ids decide)."""
     for pattern, doc in cited.items():
@@ -195,7 +195,7 @@ def classify(files: list[str], found: Lookups, cited: dict[str, str],
     live = [f for f in files if not archived(f)]
     evidence: dict[str, str] = {}
     for path in live:
-        doc = _cited_by(path, cited, live)
+        doc = cited_by(path, cited, live)
         if doc is not None:
             evidence[path] = f"cited by {doc}"
         elif Path(path).name in found.names:

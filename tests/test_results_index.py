@@ -1,7 +1,6 @@
 """studies/results/index.json: every result file with its status, none of the superseded ones
 cited as current, and the command that writes and checks it."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -26,8 +25,8 @@ def test_no_present_tense_doc_cites_a_superseded_file():
     index = ri.load(ROOT / ri.INDEX)["files"]
     cited = ri.citations()
     superseded = [p for p, e in index.items() if e["status"] == "superseded"]
-    assert [(p, ri._cited_by(p, cited, superseded)) for p in superseded
-            if ri._cited_by(p, cited, superseded)] == []
+    assert [(p, ri.cited_by(p, cited, superseded)) for p in superseded
+            if ri.cited_by(p, cited, superseded)] == []
 
 
 def _write(root: Path, path: str, text: str = "{}") -> None:
@@ -66,7 +65,7 @@ def test_files_are_current_by_evidence_and_superseded_with_a_reason(tree):
     assert evidence[f"base_64x6_validation-{OLD}.json"].endswith("tiny_table.md is built from it")
     reason = files[f"studies/results/validation/recipe_s0_cfg-cccccccc_64x6_validation-{OLD}"
                    ".json"]["reason"]
-    assert OLD in reason and f"replaced by studies/results/validation/recipe_s0_cfg-aaaaaaaa" \
+    assert OLD in reason and "replaced by studies/results/validation/recipe_s0_cfg-aaaaaaaa" \
         in reason
 
 
