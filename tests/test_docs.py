@@ -10,7 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # a repository path in a doc: after a backtick, a link's parenthesis or a space
 CITED = re.compile(r"(?:`|\]\(|\s|^)((?:\.\./)?(?:docs|studies|wc_fast|wc_kernels|bench|tests|"
-                   r"csrc|\.ci)/[A-Za-z0-9_./*{},-]+)")
+                   r"csrc|examples|configs|\.ci)/[A-Za-z0-9_./*{},-]+)")
+# a markdown link's target, a relative path (an address or an anchor alone is no path)
+LINK = re.compile(r"\]\((?![a-z]+:|#)([^)\s#]+)")
 # a placeholder in a cited path (NAME, DIR, {0,1,2}, ...): any name
 PLACEHOLDER = re.compile(r"[A-Z]{2,}|\{[^}]*\}")
 
@@ -30,6 +32,13 @@ def test_every_path_a_doc_cites_exists(doc):
     cited = {m.group(1).rstrip(".,;:)") for m in CITED.finditer(doc.read_text())}
     assert cited or doc.name not in ("README.md", "design.md")
     assert sorted(p for p in cited if not _exists(doc, p)) == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_link_a_doc_makes_leads_to_a_file(doc):
+    """A markdown link's target, relative to the doc, exists (its anchor aside)."""
+    targets = {m.group(1) for m in LINK.finditer(doc.read_text())}
+    assert sorted(t for t in targets if not (doc.parent / t).exists()) == []
 
 
 def test_the_readme_is_read_in_five_minutes():
