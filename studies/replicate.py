@@ -174,6 +174,7 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
                                              "frames, no exploration in camera motion",
           "recipe_render_reader": "default recipe, IF read by re-rendering the world",
           "recipe_kl": "the default recipe: a KL to the initial model (nft.kl_beta 0.1)",
+          "recipe_kl_120its": "the default recipe, 120 iterations",
           "recipe_kl_agreement": "the default recipe, IF credited where the estimator and "
                                  "the camera fit agree",
           "recipe_kl_fit_reader": "the default recipe, IF read by the camera fit",
