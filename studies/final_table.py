@@ -4,15 +4,18 @@
                                   [--seeds final|validation] [--sequences 64] [--clips 6]
                                   [--out runs/replicate] [--cache DIR]
 
-Each (row, seed) is trained as ``studies.replicate`` trains it (the same run folders, so a row
-trained for the study is not trained again), on the embedded base ``--base``; then
+Each (row, seed) is trained as ``studies.replicate`` trains it (in the run folder named as its
+cache file, so a row trained for the study under that name is not trained again), on the
+embedded base ``--base``; then
 ``python -m wc_fast.eval --final`` evaluates its final model on the reserved seeds
 (``FINAL_EVAL_SEED``, never used for tuning; ``--seeds validation``: the validation seeds,
 ``VALIDATION_EVAL_SEED``, on which recipes are chosen), and the base model is evaluated the
-same way. Each evaluation's JSON is kept in ``--cache`` (``studies/results/<seeds>``) under a
-name carrying the row, the seed, the training configuration's hash and the evaluation's
-(settings, seed set and every shipped model it reads), so an interrupted table resumes and a
-changed asset is evaluated afresh. Every row is then compared with the base sequence by
+same way. Each evaluation's JSON is kept in ``--cache`` (``studies/results/<seeds>``), with the
+row's resolved training configuration stored in it, under a name carrying the row, the seed, a
+hash of that configuration and the id of the evaluation (settings, seed set and every shipped
+model it reads); it is found again by its stored configuration
+(``studies.replicate.cache_file``), so an interrupted table resumes and a changed config or
+asset is evaluated afresh. Every row is then compared with the base sequence by
 sequence (``wc_fast.measures.compare``: paired bootstrap over the sequences, and over the
 seeds where a row has several), the camera fit first, and the table is written to
 ``--cache/<base>_table.md``.
@@ -27,7 +30,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from studies.replicate import TITLES, evaluation_id, parse_rows, run, training_id
+from studies.replicate import (
+    TITLES,
+    cache_file,
+    evaluation_id,
+    parse_rows,
+    resolved_config,
+    run,
+    run_name,
+    store_config,
+)
 from wc_fast.config import BASES
 from wc_fast.measures.bootstrap import sequence_values
 from wc_fast.measures.compare import clip_slices, compare
@@ -121,11 +133,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row, seeds in rows.items():
         results[row] = []
         for seed in range(seeds):
-            name = f"{prefix}{row}_s{seed}_cfg-{training_id(row, seed, None, args.base)}"
-            path = cache / f"{name}_{tag}.json"
-            checkpoint = None if path.is_file() else run(row, seed, out / name, None,
-                                                         base=args.base)
-            results[row].append(final(checkpoint, path))
+            config = resolved_config(row, seed, None, args.base)
+            path = cache_file(cache, f"{prefix}{row}_s{seed}", tag, config, args.base)
+            if not path.is_file():
+                final(run(row, seed, out / run_name(path, tag), None, base=args.base), path)
+                store_config(path, config)
+            results[row].append(json.loads(path.read_text()))
     command = "python -m studies.final_table " + " ".join(
         argv if argv is not None else sys.argv[1:])
     lines = [f"`{command.strip()}` ({args.sequences} sequences x {args.clips} clips per set, "

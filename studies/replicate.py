@@ -12,9 +12,14 @@ magnitude of the generated clips, the motion spread of its candidates
 ``metrics.jsonl``). The base model is evaluated the same way. A finished run's numbers are
 kept in ``--cache`` (``studies/results/study/ROW_sSEED_cfg-*_*.json``, small files meant to
 be committed), so an interrupted study resumes where it stopped, on this machine or another.
-A file's name carries a hash of the row's resolved training configuration and one of the
-evaluation's settings and shipped models, so changing a preset's default, an asset or the
-evaluation size starts that row afresh instead of reusing stale numbers.
+A file stores the row's resolved training configuration (``"config"``) beside its numbers, and
+its name ends with an id of the evaluation's settings and shipped models: a (row, seed) reuses
+the file of its evaluation whose stored config matches the row's today (measuring fields
+aside), so changing a preset's default, an asset or the evaluation size starts that row afresh
+instead of reusing stale numbers. A new file, and its run folder, is named by a hash of the
+config (``cfg-*``). A stored config is read as a checkpoint's saved config is, a field added
+since at its schema default: a field is added with a default that reproduces the behaviour
+before it, so the rows trained without it keep their numbers.
 Finally ``--doc`` is rewritten with both tables, the side-by-side timing of the updates in one
 process (``--speed``, from ``studies/update_speed.py``) and, row by row, whether the paper's
 ordering holds.
@@ -45,6 +50,7 @@ camera, strength 0.5), ``own_latents`` (each candidate's own motion latents in t
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import json
 import os
@@ -61,7 +67,7 @@ import yaml
 
 from studies.motion_spread import measure as measure_spread
 from wc_fast.cli import parse_run_args
-from wc_fast.config import preset, to_dict
+from wc_fast.config import Config, from_dict, preset, to_dict
 from wc_fast.eval import KINDS, SEED_SETS, EvalSettings, evaluate
 from wc_fast.infra import checkpoint
 from wc_fast.models.pretrained import BASE_MODELS, load_checkpoint_model
@@ -117,35 +123,13 @@ GRPO_TITLES = {"flow_grpo": "Flow-GRPO (per-candidate noise)",
 TABLE1_ROW = "recipe"
 # the shipped models an evaluation reads (asset names in wc_fast/assets)
 SCORED_ASSETS = ("base_model", "camera_eval", "camera_reward", "critic", "critic_eval")
-# config fields added after the study began, with the value that reproduces the cached runs
-# (the update guard acts only on an update larger than the weights it changes, which none of
-# the cached runs made)
-FIELDS_ADDED_OFF = {"rollout.action_exploration": 0.0, "train.max_update_ratio": 1.0,
-                    "reward.if_reader": "estimator", "model.history_window": 0,
-                    "nft.kl_beta": 0.0, "reward.reader_checkpoint": "",
-                    "reward.critic_checkpoint": "", "train.collective_timeout_s": 1800.0,
-                    "train.async_checkpoint": False, "rollout.candidate_chunk": 0}
 # model-card fields added after the study began, with the value every cached score was made at:
 # a base model's card that sets one otherwise gives its scores a new evaluation id
 CARD_FIELDS_ADDED_OFF = {"history_window": 0}
-# fields that only measure or report (they read the run, never change its weights): left out
-# of the hash
+# fields that only measure or report (they read the run, never change its weights): ignored
+# when a cache file's stored training config is matched with a row's
 MEASUREMENT_FIELDS = ("train.reader_gap_every", "train.wandb_project", "train.wandb_entity",
                       "train.wandb_group", "train.wandb_tags", "train.wandb_checkpoints")
-# fields renamed after the study began, hashed under the name and value they had then
-FIELDS_RENAMED = {"rollout.candidate_noise": ("exploration", {"independent": "noise"})}
-# fields moved to another section after the study began, hashed under the section.field they
-# had then (a section the moves leave empty, which the config did not have then, is left out)
-FIELDS_MOVED = {"update.context_kv": "nft.context_kv", "update.micro_batch": "nft.micro_batch",
-                "update.compile": "nft.compile"}
-# the pretraining section the RL run's config held when the study began (the cpu preset's; it
-# has since moved to the pretraining run's own config, wc_fast.config.PretrainRun): hashed
-# with every row as before, so the cached rows keep their names
-STUDY_PRETRAIN_SECTION = {"steps": 1500, "batch_size": 8, "num_clips": 3, "lr": 5e-4,
-                          "weight_decay": 0.01, "warmup": 100, "grad_clip": 1.0, "ema": 0.995,
-                          "composite_fraction": 0.0, "seed": 0, "out": "runs/pretrain",
-                          "ckpt_every": 200, "eval_every": 500, "keep_last": 2,
-                          "max_minutes": 0.0, "init": ""}
 # NFT against DanceGRPO with the same exploration in camera motion, per family: (NFT row, GRPO
 # row's name in the family, what they share); "{}" is the family's full row
 MATCHED_UPDATES = {"recipe": (("recipe_no_exploration", "flow_grpo_same",
@@ -247,41 +231,89 @@ def training_args(row: str, seed: int, steps: int | None, base: str = "tiny") ->
     return ["--train.seed", str(seed), "--train.eval_at_end", "false", *ROWS[row], *extra]
 
 
-def training_id(row: str, seed: int, steps: int | None, base: str = "tiny") -> str:
-    """8 hex digits of the resolved training configuration of one (row, seed): a change to the
-    preset's defaults gives the row a new run folder and cache file. A field added after the
-    study began is left out while it holds its value that changes nothing
-    (``FIELDS_ADDED_OFF``), and one that only measures is always left out
-    (``MEASUREMENT_FIELDS``), so adding an option keeps the cached rows; a renamed field is
-    hashed under its old name and value (``FIELDS_RENAMED``), a moved one under its old section
-    (``FIELDS_MOVED``), and the pretraining section the config held then with it
-    (``STUDY_PRETRAIN_SECTION``). On a base other than ``tiny`` the hash includes the base's
-    shipped weights."""
-    config = to_dict(parse_run_args("replicate", "", training_args(row, seed, steps, base),
-                                    with_base=True).config)
-    for path, off in FIELDS_ADDED_OFF.items():
-        section, name = path.split(".")
-        if config[section].get(name) == off:
-            del config[section][name]
-    for path in MEASUREMENT_FIELDS:
-        section, name = path.split(".")
-        config[section].pop(name, None)
-    for path, (old_name, old_values) in FIELDS_RENAMED.items():
-        section, name = path.split(".")
-        value = config[section].pop(name)
-        config[section][old_name] = old_values.get(value, value)
-    for path, old_path in FIELDS_MOVED.items():
-        section, name = path.split(".")
-        old_section, old_name = old_path.split(".")
-        config[old_section][old_name] = config[section].pop(name)
-    for section in [name for name, fields in config.items() if fields == {}]:
-        del config[section]
-    config["pretrain"] = STUDY_PRETRAIN_SECTION
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
-    if base != "tiny":  # RL starts from the shipped weights: retrained ones train a new run
+def resolved_config(row: str, seed: int, steps: int | None, base: str = "tiny") -> Config:
+    """The training configuration of one (row, seed) on ``base`` as ``wc_fast.train`` resolves
+    its arguments (:func:`training_args`)."""
+    return parse_run_args("replicate", "", training_args(row, seed, steps, base),
+                          with_base=True).config
+
+
+def config_id(config: Config, base: str = "tiny") -> str:
+    """8 hex digits of a resolved training configuration, naming the cache file and run folder
+    of a row first trained under it; on a base other than ``tiny`` also of the base's shipped
+    weights and card, as RL starts from them (retrained ones train a new run)."""
+    digest = hashlib.sha256(json.dumps(to_dict(config), sort_keys=True).encode())
+    if base != "tiny":
         digest.update(BASE_MODELS[base].read_bytes())
         digest.update(_card_changes(base))
     return digest.hexdigest()[:8]
+
+
+def _compared(config: Config) -> dict:
+    """``config`` as a dict without its :data:`MEASUREMENT_FIELDS`."""
+    data = to_dict(config)
+    for path in MEASUREMENT_FIELDS:
+        section, name = path.split(".")
+        data[section].pop(name, None)
+    return data
+
+
+def same_training(stored: Config, current: Config) -> bool:
+    """Whether a run trained under ``stored`` is one of ``current``: every field but the
+    measuring ones equal."""
+    return _compared(stored) == _compared(current)
+
+
+def stored_config(path: Path) -> Config | None:
+    """The training configuration stored in the cache file ``path`` (its ``"config"``), read as
+    a checkpoint's saved config is (:func:`wc_fast.config.from_dict`: a moved or renamed field
+    under its current name, a field added since at its schema default); None for a file that
+    stores none (numbers of a configuration no current row has). A file that is not a JSON
+    object, or a config this version cannot read, raises ``ValueError`` naming the file."""
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not a readable cache file ({error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if "config" not in data:
+        return None
+    try:
+        return from_dict(data["config"])
+    except (ValueError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path}: its stored training config cannot be read: {error}") from None
+
+
+def find_cached(cache: Path, name: str, tag: str, config: Config) -> Path | None:
+    """The cache file in ``cache`` of ``name`` (``[BASE_]ROW_sSEED``) evaluated under ``tag``
+    whose stored training config is ``config`` (:func:`same_training`); None when none is."""
+    pattern = f"{glob.escape(name)}_cfg-*_{glob.escape(tag)}.json"
+    for path in sorted(cache.glob(pattern)):
+        stored = stored_config(path)
+        if stored is not None and same_training(stored, config):
+            return path
+    return None
+
+
+def cache_file(cache: Path, name: str, tag: str, config: Config, base: str = "tiny") -> Path:
+    """Where the numbers of ``name`` (``[BASE_]ROW_sSEED``) trained under ``config`` and
+    evaluated under ``tag`` are kept: the cache file that stores that config, else a new one
+    named by :func:`config_id`."""
+    found = find_cached(cache, name, tag, config)
+    return found or cache / f"{name}_cfg-{config_id(config, base)}_{tag}.json"
+
+
+def run_name(path: Path, tag: str) -> str:
+    """The run folder's name of the cache file ``path`` of ``tag``: its name without the tag."""
+    return path.name.removesuffix(f"_{tag}.json")
+
+
+def store_config(path: Path, config: Config) -> dict:
+    """The result in ``path`` with ``config`` stored in it as its ``"config"``."""
+    result = json.loads(path.read_text())
+    result["config"] = to_dict(config)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 def parse_rows(text: str, default_seeds: Callable[[str], int]) -> dict[str, int]:
@@ -302,8 +334,7 @@ def parse_rows(text: str, default_seeds: Callable[[str], int]) -> dict[str, int]
 
 def row_steps(row: str, base: str = "tiny") -> int:
     """The number of iterations a row trains for by default."""
-    return parse_run_args("replicate", "", training_args(row, 0, None, base),
-                          with_base=True).config.train.steps
+    return resolved_config(row, 0, None, base).train.steps
 
 
 def run(row: str, seed: int, folder: Path, steps: int | None, threads: int | None = None,
@@ -567,28 +598,31 @@ def main(argv: list[str] | None = None) -> int:
     results = {"base": [cached(cache / f"base_{tag}.json",
                                lambda: score(None, args.sequences, args.clips))]}
 
-    runs = [(row, seed, f"{row}_s{seed}_cfg-{training_id(row, seed, args.steps)}")
-            for row, seeds in rows.items() for seed in range(seeds)]
+    runs = []
+    for row, seeds in rows.items():
+        for seed in range(seeds):
+            config = resolved_config(row, seed, args.steps)
+            runs.append((row, seed, config, cache_file(cache, f"{row}_s{seed}", tag, config)))
     parallel = set()
     if args.jobs > 1:
         # train every uncached run first, ``--jobs`` at a time; scoring then runs one by one
-        parallel = {name for _, _, name in runs if not (cache / f"{name}_{tag}.json").is_file()}
+        parallel = {path for *_, path in runs if not path.is_file()}
         with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda r: run(r[0], r[1], out / r[2], args.steps, threads=1),
-                          [r for r in runs if r[2] in parallel]))
+            list(pool.map(lambda r: run(r[0], r[1], out / run_name(r[3], tag), args.steps,
+                                        threads=1),
+                          [r for r in runs if r[3] in parallel]))
 
-    def train_and_score(row: str, seed: int, name: str) -> dict:
-        folder = out / name
+    def train_and_score(row: str, seed: int, config: Config, path: Path) -> dict:
+        folder = out / run_name(path, tag)
         result = score(str(run(row, seed, folder, args.steps)), args.sequences, args.clips)
-        key = "seconds_parallel" if name in parallel else "seconds"
-        return dict(result, **{key: iteration_seconds(folder)})
+        key = "seconds_parallel" if path in parallel else "seconds"
+        return dict(result, **{key: iteration_seconds(folder)}, config=to_dict(config))
 
     for row in rows:
         results[row] = []
-    for row, seed, name in runs:
-        results[row].append(cached(cache / f"{name}_{tag}.json",
-                                   lambda row=row, seed=seed, name=name:
-                                   train_and_score(row, seed, name)))
+    for row, seed, config, path in runs:
+        results[row].append(cached(path, lambda row=row, seed=seed, config=config, path=path:
+                                   train_and_score(row, seed, config, path)))
     command = "python -m studies.replicate " + " ".join(argv if argv is not None else sys.argv[1:])
     speed = Path(args.speed)
     write_doc(Path(args.doc), results, command.strip(),

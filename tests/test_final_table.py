@@ -6,6 +6,7 @@ import json
 import pytest
 
 from studies import final_table, replicate
+from wc_fast.config import to_dict
 
 SETTINGS = {"sequences": 3, "clips": 2, "seed": 7700001, "steps": 10, "shift": 5.0,
             "trans_thresholds": [0.08, 0.12], "rot_threshold_deg": 2.0}
@@ -55,8 +56,11 @@ def test_final_table_trains_evaluates_and_tabulates_paired_changes(tmp_path, mon
                              "+0.100 [+0.100, +0.100] | +0.000 [+0.000, +0.000] |")
     assert recipe.count("+0.100 [+0.100, +0.100]") == len(final_table.COLUMNS) - 1
     tag = f"3x2_final-{replicate.evaluation_id(3, 2, seeds='final')}"
-    name = f"recipe_s1_cfg-{replicate.training_id('recipe', 1, None)}"
-    assert json.loads((cache / f"{name}_{tag}.json").read_text()) == _result(0.1)
+    # the evaluation's JSON with the row's resolved training config stored in it
+    config = replicate.resolved_config("recipe", 1, None)
+    path = cache / f"recipe_s1_cfg-{replicate.config_id(config)}_{tag}.json"
+    stored = json.loads(json.dumps(to_dict(config)))  # tuples as JSON lists
+    assert json.loads(path.read_text()) == dict(_result(0.1), config=stored)
 
     def nothing_again(*args, **kwargs):
         raise AssertionError("a cached evaluation was run again")
@@ -70,8 +74,11 @@ def test_final_table_names_runs_and_evaluations_by_base(tmp_path, monkeypatch):
     assert replicate.evaluation_id(3, 2, seeds="final") != replicate.evaluation_id(3, 2)
     wan = replicate.evaluation_id(3, 2, seeds="final", base="wan")
     assert wan != replicate.evaluation_id(3, 2, seeds="final")
-    run_id = replicate.training_id("recipe", 0, None, "wan")
-    assert run_id != replicate.training_id("recipe", 0, None)
+    def recipe_id(base: str) -> str:
+        return replicate.config_id(replicate.resolved_config("recipe", 0, None, base), base)
+
+    run_id = recipe_id("wan")
+    assert run_id != recipe_id("tiny")
     weights = tmp_path / "wan_base_model.safetensors"
     weights.write_bytes(b"retrained weights")
     card = json.loads(replicate.BASE_MODELS["wan"].with_suffix(".json").read_text())
@@ -79,7 +86,7 @@ def test_final_table_names_runs_and_evaluations_by_base(tmp_path, monkeypatch):
     monkeypatch.setitem(replicate.BASE_MODELS, "wan", weights)
     # RL starts from the shipped base: retrained weights are a new run and a new evaluation
     retrained = replicate.evaluation_id(3, 2, seeds="final", base="wan")
-    assert replicate.training_id("recipe", 0, None, "wan") != run_id
+    assert recipe_id("wan") != run_id
     assert retrained != wan
     # a card field added later: at its old value the id made before it existed, else a new one
     ids = {}

@@ -5,10 +5,13 @@ import importlib
 import json
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+
+from wc_fast.config import to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -415,33 +418,130 @@ def test_replicate_names_caches_by_evaluation_assets_and_training_config(monkeyp
     assert replicate.evaluation_id(2, 3) == first
     (tmp_path / "critic_eval.safetensors").write_bytes(b"other weights")
     assert replicate.evaluation_id(2, 3) != first  # so is every shipped model it reads
-    recipe = replicate.training_id("recipe", 0, None)
-    assert replicate.training_id("recipe", 1, None) != recipe
-    assert replicate.training_id("recipe_no_exploration", 0, None) != recipe
+    def config_id(row: str, seed: int) -> str:
+        return replicate.config_id(replicate.resolved_config(row, seed, None))
+
+    recipe = config_id("recipe", 0)
+    assert config_id("recipe", 1) != recipe
+    assert config_id("recipe_no_exploration", 0) != recipe
     monkeypatch.setitem(replicate.ROWS, "recipe", ["--reward.lam", "0.5"])
-    assert replicate.training_id("recipe", 0, None) != recipe  # a changed recipe is a new row
+    assert config_id("recipe", 0) != recipe  # a changed recipe is a new row
 
 
-@pytest.mark.parametrize("row,seed", [("recipe", 0), ("recipe", 2), ("recipe_warp", 0),
-                                      ("recipe_flow_grpo_same", 0), ("recipe_if_action", 0)])
-def test_committed_final_rows_keep_their_run_ids(row, seed):
-    """Every config field added since a row was trained is in ``FIELDS_ADDED_OFF``: the row's
-    id still names its committed evaluation, so the final table does not train it again."""
+RESULTS = ROOT / "studies" / "results"
+# a cache file of a trained row: [BASE_]ROW_sSEED_cfg-ID_TAG.json
+CACHE_NAME = re.compile(
+    r"(?:(?P<base>wan)_)?(?P<row>.+)_s(?P<seed>\d+)_cfg-[0-9a-f]{8}_(?P<tag>.+)\.json")
+TAG = "64x6_eval-0000abcd"
+
+
+def test_committed_cache_files_of_current_rows_are_found_by_their_stored_config():
+    """Every committed cache file of a row of rows.yaml that stores a training config stores
+    the row's resolved config today, so the study and the final table find that file (and
+    its run folder) again instead of training the row afresh."""
     replicate = _load("replicate")
-    cache = Path(__file__).resolve().parents[1] / "studies" / "results" / "validation"
-    name = f"{row}_s{seed}_cfg-{replicate.training_id(row, seed, None)}_64x6_validation-"
-    assert any(path.name.startswith(name) for path in cache.iterdir()), name
+    configs, found = {}, set()
+    for path in sorted(RESULTS.glob("*/*_cfg-*.json")):
+        match = CACHE_NAME.fullmatch(path.name)
+        if match is None or match["row"] not in replicate.ROWS or (
+                replicate.stored_config(path) is None):
+            continue
+        key = (match["row"], int(match["seed"]), match["base"] or "tiny")
+        if key not in configs:
+            configs[key] = replicate.resolved_config(*key[:2], None, key[2])
+        name = path.name.split("_cfg-")[0]
+        assert replicate.find_cached(path.parent, name, match["tag"], configs[key]) == path
+        found.add(f"{path.parent.name}/{name}")
+    assert {"study/recipe_s0", "study/recipe_warp_s2", "validation/recipe_if_action_s0",
+            "validation/wan_recipe_if_action_s2", "kl_seeds/recipe_kl_s1", "final/recipe_kl_s2",
+            "final/wan_recipe_kl_s0"} <= found
+
+
+def _cache_with(folder: Path, config: dict, name: str = "recipe_s0") -> Path:
+    """A cache file of ``name`` evaluated under ``TAG`` that stores ``config``."""
+    path = folder / f"{name}_cfg-0123abcd_{TAG}.json"
+    path.write_text(json.dumps({"motion": 1.0, "config": config}))
+    return path
+
+
+def test_a_stored_config_matches_only_the_same_training(tmp_path):
+    replicate = _load("replicate")
+    current = replicate.resolved_config("recipe", 0, None)
+    stored = to_dict(current)
+    stored["train"]["wandb_project"] = "elsewhere"  # a field that only measures: ignored
+    path = _cache_with(tmp_path, stored)
+    assert replicate.find_cached(tmp_path, "recipe_s0", TAG, current) == path
+    assert replicate.cache_file(tmp_path, "recipe_s0", TAG, current) == path
+    assert replicate.run_name(path, TAG) == "recipe_s0_cfg-0123abcd"
+    assert replicate.find_cached(tmp_path, "recipe_s1", TAG, current) is None
+    assert replicate.find_cached(tmp_path, "recipe_s0", "64x6_eval-1111abcd", current) is None
+    stored["optim"]["lr"] *= 2
+    _cache_with(tmp_path, stored)
+    assert replicate.find_cached(tmp_path, "recipe_s0", TAG, current) is None
+    # no match: a new file named by the config's hash
+    assert replicate.cache_file(tmp_path, "recipe_s0", TAG, current).name == (
+        f"recipe_s0_cfg-{replicate.config_id(current)}_{TAG}.json")
+
+
+def test_a_stored_config_without_a_field_added_since_reads_it_at_its_default(tmp_path):
+    """A field is added with a default that reproduces the runs made before it: a stored
+    config that lacks it matches a row that keeps that default, and no row that changes it."""
+    replicate = _load("replicate")
+    current = replicate.resolved_config("recipe", 0, None)
+    default = type(current.rollout)().candidate_chunk
+    assert current.rollout.candidate_chunk == default
+    stored = to_dict(current)
+    del stored["rollout"]["candidate_chunk"]
+    path = _cache_with(tmp_path, stored)
+    assert replicate.find_cached(tmp_path, "recipe_s0", TAG, current) == path
+    current.rollout.candidate_chunk = default + 2
+    assert replicate.find_cached(tmp_path, "recipe_s0", TAG, current) is None
+
+
+def test_a_stored_config_in_an_earlier_spelling_matches_without_a_warning(tmp_path):
+    """The update fields under section nft, the candidates' noise under its old name and
+    value and the pretraining section RL configs held then: read as a checkpoint's saved
+    config is, without the command line's FutureWarning."""
+    replicate = _load("replicate")
+    current = replicate.resolved_config("full", 0, None)
+    assert current.update.compile  # a row that sets a moved field
+    stored = to_dict(current)
+    for field in ("context_kv", "micro_batch", "compile"):
+        stored["nft"][field] = stored["update"].pop(field)
+    noise = stored["rollout"].pop("candidate_noise")
+    stored["rollout"]["exploration"] = {"independent": "noise"}.get(noise, noise)
+    stored["pretrain"] = {"steps": 1500, "lr": 5e-4}
+    path = _cache_with(tmp_path, stored, "full_s0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert replicate.find_cached(tmp_path, "full_s0", TAG, current) == path
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{\"motion\": 1.0,", "not a readable cache file"),
+    ("[1.0]", "expected a JSON object"),
+    (json.dumps({"config": {"rollout": {"no_such_field": 1}}}),
+     "unknown config field rollout.no_such_field")])
+def test_a_damaged_cache_file_is_named(tmp_path, text, message):
+    replicate = _load("replicate")
+    path = tmp_path / f"recipe_s0_cfg-0123abcd_{TAG}.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
+        replicate.find_cached(tmp_path, "recipe_s0", TAG,
+                              replicate.resolved_config("recipe", 0, None))
+    assert str(path) in str(error.value)
 
 
 def test_replicate_reuses_cached_rows_without_training(tmp_path, monkeypatch):
     replicate = _load("replicate")
     tag = f"2x3_eval-{replicate.evaluation_id(2, 3)}"
-    name = f"recipe_s0_cfg-{replicate.training_id('recipe', 0, None)}"
     cache = tmp_path / "study"
     cache.mkdir()
     (cache / f"base_{tag}.json").write_text(json.dumps(_study_result(0.40, 1.0, 0.8)))
-    (cache / f"{name}_{tag}.json").write_text(
-        json.dumps(dict(_study_result(0.55, 1.2, 0.8), seconds=3.0)))
+    # found by its stored config, whatever the id in its name
+    config = to_dict(replicate.resolved_config("recipe", 0, None))
+    (cache / f"recipe_s0_cfg-0123abcd_{tag}.json").write_text(
+        json.dumps(dict(_study_result(0.55, 1.2, 0.8), seconds=3.0, config=config)))
 
     def no_training(*args, **kwargs):
         raise AssertionError("a cached row was trained again")
@@ -773,10 +873,3 @@ def test_study_rows_are_read_from_their_file_as_wc_fast_train_arguments():
                                "model": {"lora_targets": ["a", "b"]}}) \
         == ["--optim.lr", "3e-05", "--reward.lam", "0.6666666666666666", "--update.compile",
             "true", "--model.lora_targets", "a,b"]
-    # the training id of a row is the hash of its resolved config, as when rows were lists of
-    # arguments in the code (ids that name the cached results in studies/results/)
-    assert replicate.training_id("recipe", 0, None) == "bf219110"
-    assert replicate.training_id("recipe_kl", 0, None) == "c7dc26da"
-    # rows that set a field since moved from section nft to update (FIELDS_MOVED)
-    assert replicate.training_id("full", 0, None) == "96f8fe96"
-    assert replicate.training_id("own_latents", 0, None) == "252298ee"

@@ -2,7 +2,9 @@
 their documentation (``help`` metadata, which ``--help`` prints) and whose string choices are
 ``Literal`` types (the one definition of each choice, read by validation and by the modules that
 take the same values). The defaults are the paper's column (docs/design.md section 4); the
-shipped presets are files (``wc_fast/config/presets``)."""
+shipped presets are files (``wc_fast/config/presets``). A field is added with a default that
+reproduces the behaviour before it: configs saved without it (a checkpoint's, a study's cache
+files) read it at that default and still describe the runs they made."""
 
 from __future__ import annotations
 
