@@ -5,9 +5,9 @@
 Every file under ``studies/results/`` is listed with its status. A file outside ``archive/`` is
 current by evidence: a doc that describes the present (README.md, docs/*.md but the experiment
 log, which tells history) cites it, by its path, a pattern or a bare name, or its folder when
-the folder holds no row caches; the study code looks it up today (a row cache named by today's
-training and evaluation ids, ``studies.replicate.training_id`` and ``evaluation_id``, for every
-row of ``studies/rows.yaml``, seeds 0-2, every seed set and base; the JSON files
+the folder holds no row caches; the study code looks it up today (a row cache of today's
+evaluation id, ``studies.replicate.evaluation_id``, that stores the row's training config of
+today, for every row of ``studies/rows.yaml``, seeds 0-2, every seed set and base; the JSON files
 ``studies.memory_table`` tabulates); a current ``studies.final_table`` table is built from it (the
 rows its command names, at the evaluation id that has all of them); or it shares its folder and
 stem with a current file (a table's data, a run's log). Anything else is superseded, and
@@ -64,12 +64,16 @@ def archived(path: str) -> bool:
     return Path(path).is_relative_to(ARCHIVE)
 
 
-def lookups() -> Lookups:
-    """The cache names ``studies.replicate`` and ``studies.final_table`` look for today."""
-    from studies.replicate import ROWS, evaluation_id, training_id
+def lookups(root: Path = ROOT) -> Lookups:
+    """The cache names ``studies.replicate`` and ``studies.final_table`` look for today: a
+    row's cache is the file of its name and evaluation id whose stored training config is the
+    row's today (``studies.replicate.find_cached``), in any results folder."""
+    from studies.replicate import ROWS, evaluation_id, find_cached, resolved_config
     from wc_fast.config import BASES
     from wc_fast.eval import SEED_SETS
 
+    folders = sorted({p.parent for p in (root / RESULTS).rglob("*.json")
+                      if not p.relative_to(root).is_relative_to(ARCHIVE)})
     names, evaluations = set(), {}
     for base in BASES:
         prefix = "" if base == "tiny" else f"{base}_"
@@ -81,10 +85,11 @@ def lookups() -> Lookups:
                 for seed in range(3):
                     try:  # a row the base cannot train (the warp head's) exits with a usage error
                         with contextlib.redirect_stderr(io.StringIO()):
-                            tid = training_id(row, seed, None, base)
+                            config = resolved_config(row, seed, None, base)
                     except SystemExit:
                         continue
-                    names.add(f"{prefix}{row}_s{seed}_cfg-{tid}_{tag}.json")
+                    names.update(found.name for folder in folders if (found := find_cached(
+                        folder, f"{prefix}{row}_s{seed}", tag, config)) is not None)
     return Lookups(frozenset(names), evaluations)
 
 
@@ -219,7 +224,7 @@ def build(root: Path = ROOT, found: Lookups | None = None) -> dict:
     """The index of the result files under ``root`` (today's lookups unless ``found``)."""
     files = result_files(root)
     return {"command": COMMAND,
-            "files": classify(files, found or lookups(), citations(root), root)}
+            "files": classify(files, found or lookups(root), citations(root), root)}
 
 
 def render(index: dict) -> str:
