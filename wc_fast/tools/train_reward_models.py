@@ -28,9 +28,10 @@ The experiment of that reader (not yet run)::
     python -m wc_fast.tools.train_reward_models --which reward_generated \
         --out runs/readers/generated
     python -m studies.final_table --seeds validation --rows recipe_kl_generated_reader:1
-    python -m studies.white_box --validation --checkpoints base RUN_DIR [RUN_DIR ...]
+    python -m studies.white_box --validation --checkpoints base \
+        runs/replicate/recipe_kl_generated_reader_s0_cfg-*
 
-(``RUN_DIR``: the row's run directories the final table wrote.)
+(the run folder of the row's seed 0, as ``studies.replicate`` names it.)
 """
 
 from __future__ import annotations
