@@ -162,6 +162,8 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "recipe_kl_agreement": "the default recipe, IF credited where the estimator and "
                                  "the camera fit agree",
           "recipe_kl_fit_reader": "the default recipe, IF read by the camera fit",
+          "recipe_kl_generated_reader": "the default recipe, IF read by an estimator also "
+                                        "trained on generated frames (white-box labels)",
           "recipe_warp": "warp recipe: the default with the warp head's exploration instead "
                          "(the previous default)",
           "recipe_sde": "default recipe without exploration in motion, same-noise SDE "

@@ -35,7 +35,6 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -46,24 +45,17 @@ from torch import Tensor
 
 from wc_fast.actions import split_action
 from wc_fast.config import build_preset
-from wc_fast.eval import KINDS, EvalSettings, add_seed_arguments
+from wc_fast.eval import KINDS, EvalSettings, add_seed_arguments, generate_clip1
 from wc_fast.infra import checkpoint
-from wc_fast.infra.runtime import generator
 from wc_fast.measures.bootstrap import paired_bootstrap
 from wc_fast.models.pretrained import load_checkpoint_model
-from wc_fast.models.tiny.dit import X0_MIN_SIGMA
 from wc_fast.rewards import load_estimator
 from wc_fast.rewards.camera_fit import fit_path
 from wc_fast.rewards.estimators import LearnedEstimator
 from wc_fast.rewards.flow_reader import read_path, rendered_flow, texture_weights
 from wc_fast.rewards.interaction import action_accuracy
-from wc_fast.rl.rollout import prompt_cache
-from wc_fast.rl.sampler import ClipSampler
 from wc_fast.world import sample_sequences
 from wc_fast.world.dataset import sequence_scenes
-
-if TYPE_CHECKING:
-    from wc_fast.models.pretrained import EmbeddedModel
 
 READERS = ("white box", "white box textured", "fit", "estimator", "fit warp", "estimator warp")
 BASE = "base"
@@ -80,36 +72,6 @@ def resolve(name: str) -> str | None:
     if path.is_dir() and not (path / "meta.json").is_file():
         return str(checkpoint.latest(path))
     return str(path)
-
-
-def generate_clip1(model: EmbeddedModel, prompts: Tensor, actions: Tensor, *,
-                   settings: EvalSettings, seed: int) -> dict[str, Tensor]:
-    """Clip 1 of each sequence, as :func:`wc_fast.eval.rollout_sequences` generates it from
-    prompts ``[n, 1, C, H, W]`` and commands ``[n, F]`` (one history each, noise from the
-    stream ``(seed, sequence, "eval")``): ``frames`` and ``warp_only`` ``[n, 1+F, C, H, W]``
-    (prompt first; bounded as the model bounds its clips), ``flow`` ``[n, F, 2, H, W]`` and the
-    mean absolute ``residual`` ``[n]``."""
-    device = next(model.parameters()).device
-    sampler = ClipSampler(model, steps=settings.steps, shift=settings.shift, capture="eager")
-    if sampler.sigmas[-2] < X0_MIN_SIGMA:
-        raise ValueError(f"the sampler's last step starts at sigma {sampler.sigmas[-2]:.3f}, "
-                         f"below X0_MIN_SIGMA = {X0_MIN_SIGMA}: its clip is not the head's "
-                         f"(take fewer steps or a larger shift)")
-    out: dict[str, list[Tensor]] = {"frames": [], "warp_only": [], "flow": [], "residual": []}
-    with torch.no_grad():
-        for i in range(prompts.shape[0]):
-            prompt, clip_actions = prompts[i:i + 1].to(device), actions[i].to(device)
-            cache = prompt_cache(model, prompt)
-            noise = sampler.initial_noise(clip_actions, num=1,
-                                          generator=generator(seed, i, "eval", device=device))
-            parts = sampler.final_parts(cache, clip_actions, noise)
-            clip = model.bound_frames(parts.warped + parts.residual)
-            out["frames"].append(torch.cat([prompt, clip], 1).cpu())
-            out["warp_only"].append(torch.cat([prompt, model.bound_frames(parts.warped)],
-                                              1).cpu())
-            out["flow"].append(parts.flow.cpu())
-            out["residual"].append(parts.residual.abs().mean((1, 2, 3, 4)).cpu())
-    return {name: torch.cat(values) for name, values in out.items()}
 
 
 def accuracy(c2w: Tensor, actions: Tensor, settings: EvalSettings) -> Tensor:

@@ -22,16 +22,18 @@ def test_every_name_the_config_accepts_is_registered(table, choices):
     assert set(table) == set(typing.get_args(choices))
 
 
-@pytest.mark.parametrize(("field", "value", "path"), [
-    ("reward.if_reader", "depth_anything_3", "reward.reader_checkpoint"),
-    ("reward.critic", "hpsv3", "reward.critic_checkpoint"),
+# (field, adapter, its checkpoint's field, another choice of the field, which takes no file)
+@pytest.mark.parametrize(("field", "value", "path", "other_value"), [
+    ("reward.if_reader", "depth_anything_3", "reward.reader_checkpoint", "fit"),
+    ("reward.critic", "hpsv3", "reward.critic_checkpoint", "reward"),
 ])
-def test_an_adapter_needs_its_checkpoint_and_only_it_takes_one(field, value, path):
+def test_an_adapter_needs_its_checkpoint_and_only_it_takes_one(field, value, path, other_value):
     cfg = C.preset("smoke")
     C.apply_override(cfg, field, value)
     with pytest.raises(ValueError, match=f"{path} must be a local checkpoint path"):
         C.validate(cfg)
     other = C.preset("smoke")
+    C.apply_override(other, field, other_value)
     C.apply_override(other, path, "/models/x")
     with pytest.raises(ValueError, match=f"{path} must be empty unless {field} is {value}"):
         C.validate(other)

@@ -66,9 +66,10 @@ from wc_fast.measures import (
 from wc_fast.measures.floor import draw_motion_factors, render_sequences
 from wc_fast.measures.report import frame_distances
 from wc_fast.models.pretrained import load_checkpoint_model
+from wc_fast.models.tiny.dit import X0_MIN_SIGMA
 from wc_fast.rewards import load_critic, load_estimator, vq_scores
 from wc_fast.rewards.interaction import action_accuracy
-from wc_fast.rl.rollout import generate_history
+from wc_fast.rl.rollout import generate_history, prompt_cache
 from wc_fast.rl.sampler import ClipSampler
 from wc_fast.world import sample_sequences
 
@@ -144,6 +145,36 @@ def rollout_sequences(model: EmbeddedModel, prompts: Tensor, actions: Tensor, *,
                                             generator(seed, i, "eval", device=device))
             out.append(frames.cpu())
     return torch.cat(out)
+
+
+def generate_clip1(model: EmbeddedModel, prompts: Tensor, actions: Tensor, *,
+                   settings: EvalSettings, seed: int) -> dict[str, Tensor]:
+    """Clip 1 of each sequence, as :func:`rollout_sequences` generates it from prompts
+    ``[n, 1, C, H, W]`` and commands ``[n, F]`` (one history each, noise from the
+    stream ``(seed, sequence, "eval")``): ``frames`` and ``warp_only`` ``[n, 1+F, C, H, W]``
+    (prompt first; bounded as the model bounds its clips), ``flow`` ``[n, F, 2, H, W]`` and the
+    mean absolute ``residual`` ``[n]``."""
+    device = next(model.parameters()).device
+    sampler = ClipSampler(model, steps=settings.steps, shift=settings.shift, capture="eager")
+    if sampler.sigmas[-2] < X0_MIN_SIGMA:
+        raise ValueError(f"the sampler's last step starts at sigma {sampler.sigmas[-2]:.3f}, "
+                         f"below X0_MIN_SIGMA = {X0_MIN_SIGMA}: its clip is not the head's "
+                         f"(take fewer steps or a larger shift)")
+    out: dict[str, list[Tensor]] = {"frames": [], "warp_only": [], "flow": [], "residual": []}
+    with torch.no_grad():
+        for i in range(prompts.shape[0]):
+            prompt, clip_actions = prompts[i:i + 1].to(device), actions[i].to(device)
+            cache = prompt_cache(model, prompt)
+            noise = sampler.initial_noise(clip_actions, num=1,
+                                          generator=generator(seed, i, "eval", device=device))
+            parts = sampler.final_parts(cache, clip_actions, noise)
+            clip = model.bound_frames(parts.warped + parts.residual)
+            out["frames"].append(torch.cat([prompt, clip], 1).cpu())
+            out["warp_only"].append(torch.cat([prompt, model.bound_frames(parts.warped)],
+                                              1).cpu())
+            out["flow"].append(parts.flow.cpu())
+            out["residual"].append(parts.residual.abs().mean((1, 2, 3, 4)).cpu())
+    return {name: torch.cat(values) for name, values in out.items()}
 
 
 def score_sequences(frames: Tensor, actions: Tensor, *, clip_frames: int,

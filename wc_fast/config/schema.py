@@ -261,7 +261,12 @@ class RewardConfig:
         "again), so a clip that pleases the network alone earns nothing extra; the reader "
         "gap then still compares the estimator with the fit")})
     reader_checkpoint: str = field(default="", metadata={"help": (
-        "the local model folder of reward.if_reader depth_anything_3 (empty otherwise)")})
+        "the local model folder of reward.if_reader depth_anything_3; with reward.if_reader "
+        "estimator or agreement, an estimator file (NAME.safetensors, NAME.json beside it) "
+        "that reads instead of the shipped reward estimator, e.g. the reader trained on "
+        "generated frames labelled by the white-box reader (python -m "
+        "wc_fast.tools.train_reward_models --which reward_generated --out DIR writes "
+        "DIR/camera_reward_generated.safetensors); empty: the shipped one")})
     trajectory_weights: tuple[float, ...] = field(default=(1.0, 1.0), metadata={"help": (
         "(a, b): the weights of the translation and rotation errors in the trajectory IF "
         "(two numbers >= 0)")})

@@ -11,6 +11,10 @@ from wc_fast.config.fields import section_types
 from wc_fast.config.files import NEEDS_MODEL_PATH, PRESETS
 from wc_fast.config.schema import LOGGERS, Config, ModelConfig, PretrainRun, sections
 
+# the reward.if_reader names that read with the reward estimator, which reward.reader_checkpoint
+# may replace by an estimator file
+ESTIMATOR_READERS = ("estimator", "agreement")
+
 
 def _require(ok: bool, path: str, expected: str, value: object) -> None:
     if not ok:
@@ -288,6 +292,10 @@ def validate(cfg: Config) -> None:
         if chosen == adapter:
             _require(bool(value), path, f"a local checkpoint path with {field} {adapter}",
                      value)
+        elif path == "reward.reader_checkpoint" and chosen in ESTIMATOR_READERS:
+            _require(not value or value.endswith(".safetensors"), path,
+                     "empty (the shipped reward estimator) or an estimator's .safetensors file "
+                     f"with {field} {chosen}", value)
         else:
             _require(not value, path, f"empty unless {field} is {adapter}", value)
     if rw.if_reader == "render":

@@ -25,6 +25,7 @@ moved, not only which way; ty and roll, which actions never change, are regresse
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -230,13 +231,29 @@ def build_estimator(meta: dict) -> LearnedEstimator:
                             rotation_step_deg=meta["rotation_step_deg"])
 
 
+def _loaded(state: dict[str, Tensor], meta: dict, device: str | torch.device
+            ) -> LearnedEstimator:
+    model = build_estimator(meta)
+    model.load_state_dict(state)
+    model.requires_grad_(False)
+    return model.eval().to(device)
+
+
 def load_estimator(which: str = "reward", *, device: str | torch.device = "cpu"
                    ) -> LearnedEstimator:
     """The shipped embedded estimator ``"reward"`` or ``"eval"``, in eval mode, no gradients."""
     if which not in ESTIMATOR_ASSETS:
         raise ValueError(f"which must be one of {tuple(ESTIMATOR_ASSETS)}, got {which!r}")
-    state, meta = load_model_files(ESTIMATOR_ASSETS[which])
-    model = build_estimator(meta)
-    model.load_state_dict(state)
-    model.requires_grad_(False)
-    return model.eval().to(device)
+    return _loaded(*load_model_files(ESTIMATOR_ASSETS[which]), device)
+
+
+def load_estimator_file(path: str | Path, *, device: str | torch.device = "cpu"
+                        ) -> LearnedEstimator:
+    """An estimator written by ``python -m wc_fast.tools.train_reward_models --out``: its
+    ``NAME.safetensors`` ``path`` (``NAME.json`` beside it), in eval mode, no gradients.
+    Raises ``FileNotFoundError`` when either file is missing, ``ValueError``, ``KeyError`` or
+    ``RuntimeError`` (or the weights reader's error) when they do not hold an estimator."""
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"an estimator file ends in .safetensors, got {path}")
+    return _loaded(*load_model_files(path.stem, path.parent), device)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from safetensors import SafetensorError
 from torch import Tensor
 
 from wc_fast.actions import split_action
@@ -23,7 +24,7 @@ from wc_fast.config import Config, RewardConfig
 from wc_fast.rewards.adapters import DepthAnything3Estimator, HPSv3Scorer
 from wc_fast.rewards.camera_fit import fit_path
 from wc_fast.rewards.critic import VisualQualityScorer, load_critic
-from wc_fast.rewards.estimators import CameraEstimator, load_estimator
+from wc_fast.rewards.estimators import CameraEstimator, load_estimator, load_estimator_file
 from wc_fast.rewards.interaction import action_accuracy, interaction_score, trajectory_score
 from wc_fast.rewards.motion_spread import soft_interaction_score
 from wc_fast.rewards.render_reader import press_track
@@ -52,9 +53,22 @@ def _device_name(device: torch.device | str) -> str:
     return str(torch.device(device))
 
 
+def _estimator_file(path: str, device: torch.device | str) -> CameraEstimator:
+    """The estimator file ``reward.reader_checkpoint`` names; ValueError naming the field when
+    it is missing or holds no estimator."""
+    try:
+        return load_estimator_file(path, device=device)
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError, SafetensorError) as err:
+        raise ValueError(f"reward.reader_checkpoint {path!r} is not a readable estimator file "
+                         f"(NAME.safetensors with NAME.json beside it, as python -m "
+                         f"wc_fast.tools.train_reward_models --out writes): {err}") from err
+
+
 def _estimator(rw: RewardConfig, device: torch.device | str) -> CameraEstimator:
     if rw.if_reader == "depth_anything_3":
         return DepthAnything3Estimator(rw.reader_checkpoint, device=_device_name(device))
+    if rw.reader_checkpoint:
+        return _estimator_file(rw.reader_checkpoint, device)
     return load_estimator("reward", device=device)
 
 
@@ -68,7 +82,8 @@ CRITICS: dict[str, Callable[[RewardConfig, torch.device | str], VisualQualitySco
 
 def build_reward_models(cfg: Config, device: torch.device | str = "cpu") -> RewardModels:
     """The estimator (Depth Anything 3 with ``reward.if_reader depth_anything_3``, else the
-    embedded reward estimator) and the ``reward.critic`` critic, on ``device``."""
+    estimator file ``reward.reader_checkpoint`` when set, else the embedded reward estimator)
+    and the ``reward.critic`` critic, on ``device``."""
     return RewardModels(estimator=_estimator(cfg.reward, device),
                         critic=CRITICS[cfg.reward.critic](cfg.reward, device))
 

@@ -1,4 +1,5 @@
-"""``python -m wc_fast.tools.train_reward_models --which reward|eval|critic|critic_eval``.
+"""``python -m wc_fast.tools.train_reward_models --which reward|eval|critic|critic_eval``
+``|reward_generated``.
 
 Trains one embedded reward model on freshly rendered clips of the synthetic world and writes it
 to ``wc_fast/assets/`` (or ``--out``). Each recipe has its own model seed and its own stream of
@@ -15,6 +16,22 @@ so no training batch shares a seed with the held-out evaluation stream
   the shipped base world model's generation of the same frame (:func:`generated_pairs`).
   Without those pairs a critic has never seen a world model's frames after their errors
   compound over a long rollout, and it scores many such frames far above clean renders.
+- ``reward_generated``: the ``reward`` estimator's recipe where a share of every batch's frame
+  pairs (``generated.share``) are consecutive frames of a world model's generated clip 1,
+  their targets the white-box reader's path (:mod:`wc_fast.tools.white_box_pool`, built once
+  at the start from ``--source``, default the shipped base). Written only to ``--out`` (never
+  over the shipped reward estimator); a run reads it with ``reward.if_reader estimator
+  reward.reader_checkpoint OUT/camera_reward_generated.safetensors``.
+
+The experiment of that reader (not yet run)::
+
+    python -m wc_fast.tools.train_reward_models --which reward_generated \
+        --out runs/readers/generated
+    python -m studies.final_table --seeds validation --rows recipe_kl_generated_reader:1
+    python -m studies.white_box --validation --checkpoints base \
+        runs/replicate/recipe_kl_generated_reader_s0_cfg-*
+
+(the run folder of the row's seed 0, as ``studies.replicate`` names it.)
 """
 
 from __future__ import annotations
@@ -40,6 +57,7 @@ from wc_fast.rewards.estimators import (
     pose_loss,
 )
 from wc_fast.rewards.weights import REGENERATE, save_model
+from wc_fast.tools.white_box_pool import POOL_SEED, white_box_pool
 from wc_fast.world import ROTATION_STEP_DEG, TRANSLATION_STEP, batch_seed, sample_clips
 
 RECIPES = {
@@ -57,7 +75,15 @@ RECIPES = {
     "critic_eval": {"arch": "frame_cnn", "model_seed": 33, "data_seed": 3000, "steps": 1500,
                     "batch": 40, "lr": 2e-3,
                     "generated": {"sequences": 96, "clips": 6, "seed": 3500, "batch": 24}},
+    # the reward estimator's recipe, a share of every batch's pairs from a pool of generated
+    # clip-1 clips labelled by the white-box reader: pool sequences, its seed, share of pairs
+    "reward_generated": {"arch": "pyramid_correlation", "model_seed": 11, "data_seed": 1000,
+                         "steps": 5000, "batch": 12, "clip_frames": 8, "lr": 2e-3,
+                         "composite_fraction": 0.5,
+                         "options": {"colour": True, "fine_radius": 3, "coarse_radius": 2},
+                         "generated": {"sequences": 192, "seed": POOL_SEED, "share": 0.5}},
 }
+GENERATED_READER = "camera_reward_generated"  # file name of the reward_generated estimator
 NOOP_FRACTION = 0.1
 AUGMENT_FRACTION = 0.3  # share of estimator training clips that are mildly blurred and noisy
 
@@ -93,14 +119,36 @@ def _cosine_lr(step: int, steps: int, lr: float, warmup: int = 100) -> float:
     return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def pool_pairs(frames: Tensor, c2w: Tensor, count: int, gen: torch.Generator
+               ) -> tuple[Tensor, Tensor]:
+    """``count`` random consecutive frame pairs ``[count, 2, C, H, W]`` of pool clips
+    ``[n, F+1, C, H, W]`` and their pose targets ``[count, 1, 6]`` (:func:`pose_targets` of
+    the pool's paths ``c2w`` ``[n, F+1, 4, 4]``)."""
+    clip = torch.randint(0, frames.shape[0], (count,), generator=gen)
+    first = torch.randint(0, frames.shape[1] - 1, (count,), generator=gen)
+    index = torch.stack([first, first + 1], 1)
+    return frames[clip[:, None], index], pose_targets(c2w[clip[:, None], index])
+
+
 def _estimator_loss(model: nn.Module, step: int, recipe: dict, gen: torch.Generator,
                     device: torch.device) -> tuple[Tensor, dict]:
-    clips = sample_clips(recipe["batch"], seed=batch_seed(recipe["data_seed"], step),
+    """The pose loss of a batch's frame pairs: ``batch`` true clips, or with a pool
+    (``reward_generated``) fewer of them and ``generated.share`` of the pairs from the pool,
+    every pair weighing alike."""
+    pairs = recipe["batch"] * (recipe["clip_frames"] - 1)
+    share = recipe["generated"]["share"] if "pool" in recipe else 0.0
+    from_pool = round(share * pairs)
+    clips = sample_clips(round((1 - share) * recipe["batch"]),
+                         seed=batch_seed(recipe["data_seed"], step),
                          clip_frames=recipe["clip_frames"], segment_frames=1,
                          noop_fraction=NOOP_FRACTION,
                          composite_fraction=recipe["composite_fraction"])
-    target = pose_targets(clips.c2w).to(device)
-    raw = model.pair_outputs(_augment(clips.frames, gen).to(device))
+    target = pose_targets(clips.c2w).to(device).flatten(0, 1)
+    raw = model.pair_outputs(_augment(clips.frames, gen).to(device)).flatten(0, 1)
+    if from_pool:
+        frames, pool_target = pool_pairs(*recipe["pool"], from_pool, gen)
+        raw = torch.cat([raw, model.pair_outputs(frames.to(device)).flatten(0, 1)])
+        target = torch.cat([target, pool_target.to(device).flatten(0, 1)])
     loss = pose_loss(raw, target)
     # Frames whose six parameters are all within a quarter step (a cheap accuracy proxy).
     agree = ((decode_pose(raw.detach()) - target).abs() < 0.25).all(-1).float().mean()
@@ -153,17 +201,43 @@ def _critic_loss(model: nn.Module, step: int, recipe: dict, gen: torch.Generator
     return loss, {"pair_acc": float((margin > 0).float().mean())}
 
 
+def _with_pool(recipe: dict, source: str | None, sequences: int | None) -> dict:
+    """The pool facts a ``reward_generated`` run records (size, seeds, source model); puts
+    the pool's clips and paths in ``recipe["pool"]``."""
+    g = dict(recipe["generated"])
+    if sequences is not None:
+        g["sequences"] = sequences
+    if not 0.0 <= g["share"] < 1.0:
+        raise ValueError(f"generated.share must be in [0, 1), got {g['share']}")
+    start = time.perf_counter()
+    pool = white_box_pool(g["sequences"], seed=g["seed"], checkpoint=source)
+    recipe["generated"], recipe["pool"] = g, (pool.frames, pool.c2w)
+    print(f"[reward_generated] pool of {pool.frames.shape[0]} generated clips from "
+          f"{pool.source} in {time.perf_counter() - start:.0f} s", flush=True)
+    return {"sequences": pool.frames.shape[0], "seeds": pool.seeds, "source": pool.source,
+            "frames_per_clip": pool.frames.shape[1], "share": g["share"]}
+
+
 def train(which: str, *, steps: int | None = None, out: str | None = None, threads: int = 1,
-          log_every: int = 100, device: str = "cpu", max_minutes: float = 0.0) -> dict:
+          log_every: int = 100, device: str = "cpu", max_minutes: float = 0.0,
+          source: str | None = None, pool_sequences: int | None = None,
+          command: str | None = None) -> dict:
     """Train recipe ``which`` and save it; returns the metadata written beside the weights.
 
     Clips are rendered on the CPU (``threads``); the network trains on ``device``.
     ``max_minutes`` > 0 stops after the step that spends that much wall-clock time (the
     learning-rate schedule still spans the recipe's steps); the metadata records the steps run.
+    ``reward_generated`` needs ``out`` (the shipped estimator stays as it is); its pool is
+    generated by the world model ``source`` (the shipped base when None), ``pool_sequences``
+    overriding the recipe's size. ``command`` is recorded as the command that made the file
+    (default: the recipe's regeneration command).
     """
     recipe = dict(RECIPES[which])
     if steps is not None:
         recipe["steps"] = steps
+    if which == "reward_generated" and out is None:
+        raise ValueError("reward_generated writes to --out only (the shipped reward estimator "
+                         "is not overwritten); give an output folder")
     torch.set_num_threads(threads)
     torch.manual_seed(recipe["model_seed"])
     meta = {"arch": recipe["arch"], "resolution": 32, "translation_step": TRANSLATION_STEP,
@@ -178,6 +252,9 @@ def train(which: str, *, steps: int | None = None, out: str | None = None, threa
             recipe["pool"] = tuple(torch.cat(frames) for frames in zip(*pairs, strict=True))
             print(f"[critic] {recipe['pool'][0].shape[0]} generated frames in "
                   f"{time.perf_counter() - start:.0f} s", flush=True)
+    elif which == "reward_generated":
+        model, loss_fn, name = build_estimator(meta), _estimator_loss, GENERATED_READER
+        meta["pool"] = _with_pool(recipe, source, pool_sequences)
     else:
         model, loss_fn, name = build_estimator(meta), _estimator_loss, ESTIMATOR_ASSETS[which]
     dev = torch.device(device)
@@ -210,7 +287,7 @@ def train(which: str, *, steps: int | None = None, out: str | None = None, threa
                      "minutes": round(minutes, 2),
                      "final": {k: round(v, 5) for k, v in running.items()},
                      "noop_fraction": 0.0 if which.startswith("critic") else NOOP_FRACTION,
-                     "command": REGENERATE[name]}
+                     "command": command or REGENERATE.get(name, "")}
     path = save_model(model, name, meta, out)
     print(f"[{which}] wrote {path} after {minutes:.1f} min")
     return meta
@@ -227,9 +304,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="where the network trains (cpu, cuda)")
     parser.add_argument("--max-minutes", type=float, default=0.0,
                         help="wall-clock budget; stop after the step that spends it (0: none)")
+    parser.add_argument("--source", default=None,
+                        help="reward_generated: the world model that generates the pool "
+                             "(exported weights or a checkpoint directory, as python -m "
+                             "wc_fast.eval --checkpoint; default: the shipped base)")
+    parser.add_argument("--pool-sequences", type=int, default=None,
+                        help="reward_generated: override the recipe's pool size (sequences)")
     args = parser.parse_args(argv)
+    if args.which == "reward_generated" and args.out is None:
+        parser.error("--which reward_generated needs --out (the shipped reward estimator is "
+                     "not overwritten)")
+    if args.which != "reward_generated" and (args.source or args.pool_sequences is not None):
+        parser.error("--source and --pool-sequences are for --which reward_generated")
+    # the shipped models record their canonical command; a generated reader the one it ran
+    command = None if args.which != "reward_generated" else (
+        "python -m wc_fast.tools.train_reward_models "
+        + " ".join(sys.argv[1:] if argv is None else argv))
     train(args.which, steps=args.steps, out=args.out, threads=args.threads, device=args.device,
-          max_minutes=args.max_minutes)
+          max_minutes=args.max_minutes, source=args.source, pool_sequences=args.pool_sequences,
+          command=command)
     return 0
 
 
