@@ -70,7 +70,7 @@ def test_files_are_current_by_evidence_and_superseded_with_a_reason(tree):
 
 
 def test_check_fails_on_a_stale_index_and_passes_on_a_written_one(tree, monkeypatch, capsys):
-    monkeypatch.setattr(ri, "lookups", lambda: FOUND)
+    monkeypatch.setattr(ri, "lookups", lambda root: FOUND)
     assert ri.main([], root=tree) == 0
     assert ri.main(["--check"], root=tree) == 0
     _write(tree, "studies/results/chaos/new.json")
