@@ -111,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache", default=None,
                         help="each evaluation's JSON and the table, small files to commit "
                              "(default: studies/results/final or studies/results/validation)")
+    parser.add_argument("--table", default=None,
+                        help="where the table of this command's rows is written (default: "
+                             "--cache/<base>_table.md, the committed table; give another path "
+                             "to measure a few rows without replacing it)")
     args = parser.parse_args(argv)
     try:
         rows = parse_rows(args.rows, lambda row: 1)
@@ -144,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = [f"`{command.strip()}` ({args.sequences} sequences x {args.clips} clips per set, "
              f"{args.seeds} seeds; change from the base [paired 95% bootstrap interval])", "",
              *table(base, results)]
-    doc = cache / f"{args.base}_table.md"
+    doc = Path(args.table) if args.table else cache / f"{args.base}_table.md"
     doc.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {doc}")

@@ -124,6 +124,14 @@ def test_validation_seeds_evaluate_with_their_own_flag_tag_and_cache(tmp_path, m
     tag = f"3x2_validation-{replicate.evaluation_id(3, 2, seeds='validation')}"
     assert (tmp_path / "validation" / f"base_{tag}.json").is_file()
     assert "validation seeds" in (tmp_path / "validation" / "tiny_table.md").read_text()
+    # --table writes elsewhere and leaves the committed table alone
+    committed = (tmp_path / "validation" / "tiny_table.md").read_text()
+    assert final_table.main(["--seeds", "validation", "--rows", "recipe", "--sequences", "3",
+                             "--clips", "2", "--out", str(tmp_path / "runs"),
+                             "--table", str(tmp_path / "one_row.md")]) == 0
+    one_row = (tmp_path / "one_row.md").read_text().splitlines()
+    assert "--table" in one_row[0] and one_row[1:] == committed.splitlines()[1:]
+    assert (tmp_path / "validation" / "tiny_table.md").read_text() == committed
     assert replicate.evaluation_id(3, 2, seeds="validation") != replicate.evaluation_id(
         3, 2, seeds="final")
     with pytest.raises(ValueError, match="seeds must be one of"):
