@@ -130,6 +130,9 @@ CARD_FIELDS_ADDED_OFF = {"history_window": 0}
 # when a cache file's stored training config is matched with a row's
 MEASUREMENT_FIELDS = ("train.reader_gap_every", "train.wandb_project", "train.wandb_entity",
                       "train.wandb_group", "train.wandb_tags", "train.wandb_checkpoints")
+# fields that name a file (or model folder) training reads: a cache file stores the sha256 of
+# what each named, so a file retrained at the same path trains the row afresh
+INPUT_FILE_FIELDS = ("reward.reader_checkpoint", "reward.critic_checkpoint")
 # NFT against DanceGRPO with the same exploration in camera motion, per family: (NFT row, GRPO
 # row's name in the family, what they share); "{}" is the family's full row
 MATCHED_UPDATES = {"recipe": (("recipe_no_exploration", "flow_grpo_same",
@@ -245,10 +248,45 @@ def config_id(config: Config, base: str = "tiny") -> str:
     of a row first trained under it; on a base other than ``tiny`` also of the base's shipped
     weights and card, as RL starts from them (retrained ones train a new run)."""
     digest = hashlib.sha256(json.dumps(to_dict(config), sort_keys=True).encode())
+    if inputs := input_digests(config):
+        digest.update(json.dumps(inputs, sort_keys=True).encode())
     if base != "tiny":
         digest.update(BASE_MODELS[base].read_bytes())
         digest.update(_card_changes(base))
     return digest.hexdigest()[:8]
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of a file, or of a folder's files (their relative names and bytes, in sorted
+    order); ``"missing"`` for a path that is neither."""
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(f for f in path.rglob("*") if f.is_file())
+    else:
+        return "missing"
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(str(file.relative_to(path) if file != path else "").encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def input_digests(config: Config) -> dict[str, str]:
+    """``{field: sha256}`` of each set :data:`INPUT_FILE_FIELDS` path of ``config`` (a file's
+    bytes, a sidecar ``NAME.json`` of a ``NAME.safetensors`` included); empty when none is set,
+    as for every row that reads only shipped assets."""
+    inputs = {}
+    for name in INPUT_FILE_FIELDS:
+        section, key = name.split(".")
+        value = getattr(getattr(config, section), key)
+        if value:
+            path = Path(value)
+            inputs[name] = _file_digest(path)
+            sidecar = path.with_suffix(".json")
+            if path.suffix == ".safetensors" and path.is_file() and sidecar.is_file():
+                inputs[name] += ":" + _file_digest(sidecar)
+    return inputs
 
 
 def _compared(config: Config) -> dict:
@@ -288,11 +326,15 @@ def stored_config(path: Path) -> Config | None:
 
 def find_cached(cache: Path, name: str, tag: str, config: Config) -> Path | None:
     """The cache file in ``cache`` of ``name`` (``[BASE_]ROW_sSEED``) evaluated under ``tag``
-    whose stored training config is ``config`` (:func:`same_training`); None when none is."""
+    whose stored training config is ``config`` (:func:`same_training`) and whose stored input
+    files (``"inputs"``, :func:`input_digests`; none when absent) are the ones ``config``
+    names today; None when none is."""
     pattern = f"{glob.escape(name)}_cfg-*_{glob.escape(tag)}.json"
+    inputs = input_digests(config)
     for path in sorted(cache.glob(pattern)):
         stored = stored_config(path)
-        if stored is not None and same_training(stored, config):
+        if (stored is not None and same_training(stored, config)
+                and json.loads(path.read_text()).get("inputs", {}) == inputs):
             return path
     return None
 
@@ -311,9 +353,13 @@ def run_name(path: Path, tag: str) -> str:
 
 
 def store_config(path: Path, config: Config) -> dict:
-    """The result in ``path`` with ``config`` stored in it as its ``"config"``."""
+    """The result in ``path`` with ``config`` stored in it as its ``"config"``, and the sha256
+    of each input file it names as its ``"inputs"`` (:func:`input_digests`) when it names any."""
     result = json.loads(path.read_text())
     result["config"] = to_dict(config)
+    inputs = input_digests(config)
+    if inputs:
+        result["inputs"] = inputs
     path.write_text(json.dumps(result, indent=2) + "\n")
     return result
 

@@ -483,6 +483,34 @@ def test_a_stored_config_matches_only_the_same_training(tmp_path):
         f"recipe_s0_cfg-{replicate.config_id(current)}_{TAG}.json")
 
 
+def test_a_reader_file_retrained_at_the_same_path_trains_the_row_afresh(tmp_path):
+    replicate = _load("replicate")
+    reader = tmp_path / "reader" / "camera_reward_generated.safetensors"
+    reader.parent.mkdir()
+    reader.write_bytes(b"first weights")
+    reader.with_suffix(".json").write_text('{"epochs": 1}')
+    current = replicate.resolved_config("recipe", 0, None)
+    current.reward.reader_checkpoint = str(reader)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    path = _cache_with(cache, to_dict(current))
+    assert replicate.find_cached(cache, "recipe_s0", TAG, current) is None  # stores no inputs
+    stored = replicate.store_config(path, current)
+    assert set(stored["inputs"]) == {"reward.reader_checkpoint"}
+    assert replicate.find_cached(cache, "recipe_s0", TAG, current) == path
+    first_id = replicate.config_id(current)
+    reader.with_suffix(".json").write_text('{"epochs": 2}')  # the sidecar counts too
+    assert replicate.find_cached(cache, "recipe_s0", TAG, current) is None
+    reader.with_suffix(".json").write_text('{"epochs": 1}')
+    reader.write_bytes(b"other weights")
+    assert replicate.find_cached(cache, "recipe_s0", TAG, current) is None
+    assert replicate.config_id(current) != first_id
+    reader.unlink()
+    assert replicate.input_digests(current) == {"reward.reader_checkpoint": "missing"}
+    current.reward.reader_checkpoint = ""
+    assert replicate.input_digests(current) == {}  # rows on shipped assets: ids unchanged
+
+
 def test_a_stored_config_without_a_field_added_since_reads_it_at_its_default(tmp_path):
     """A field is added with a default that reproduces the runs made before it: a stored
     config that lacks it matches a row that keeps that default, and no row that changes it."""
