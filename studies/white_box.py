@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "", *markdown(result, args.title)]
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text("\n".join(lines) + "\n")
-        console.print(f"wrote {args.json}")
+        console.print(f"wrote {args.markdown}")
     return 0
 
 
