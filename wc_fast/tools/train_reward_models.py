@@ -23,13 +23,12 @@ so no training batch shares a seed with the held-out evaluation stream
   over the shipped reward estimator); a run reads it with ``reward.if_reader estimator
   reward.reader_checkpoint OUT/camera_reward_generated.safetensors``.
 
-The experiment of that reader (not yet run)::
+The experiment of that reader (its file, as run, is committed in ``studies/results/readers``)::
 
     python -m wc_fast.tools.train_reward_models --which reward_generated \
-        --out runs/readers/generated
-    python -m studies.final_table --seeds validation --rows recipe_kl_generated_reader:1
-    python -m studies.white_box --validation --checkpoints base \
-        runs/replicate/recipe_kl_generated_reader_s0_cfg-*
+        --out studies/results/readers
+    python -m studies.final_table --seeds validation --rows recipe_kl_generated_reader:3
+    python -m studies.white_box --validation --checkpoints base RUN_s0 RUN_s1 RUN_s2
 
 (the run folder of the row's seed 0, as ``studies.replicate`` names it.)
 """
