@@ -307,24 +307,34 @@ def same_training(stored: Config, current: Config) -> bool:
     return _compared(stored) == _compared(current)
 
 
-def stored_config(path: Path) -> Config | None:
-    """The training configuration stored in the cache file ``path`` (its ``"config"``), read as
-    a checkpoint's saved config is (:func:`wc_fast.config.from_dict`: a moved or renamed field
-    under its current name, a field added since at its schema default); None for a file that
-    stores none (numbers of a configuration no current row has). A file that is not a JSON
-    object, or a config this version cannot read, raises ``ValueError`` naming the file."""
+def _cache_data(path: Path) -> dict:
+    """The JSON object of the cache file ``path``; ``ValueError`` naming the file otherwise."""
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path}: not a readable cache file ({error})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _config_of(path: Path, data: dict) -> Config | None:
+    """The training configuration in ``data``, the JSON object of the cache file ``path``."""
     if "config" not in data:
         return None
     try:
         return from_dict(data["config"])
     except (ValueError, TypeError, AttributeError) as error:
         raise ValueError(f"{path}: its stored training config cannot be read: {error}") from None
+
+
+def stored_config(path: Path) -> Config | None:
+    """The training configuration stored in the cache file ``path`` (its ``"config"``), read as
+    a checkpoint's saved config is (:func:`wc_fast.config.from_dict`: a moved or renamed field
+    under its current name, a field added since at its schema default); None for a file that
+    stores none (numbers of a configuration no current row has). A file that is not a JSON
+    object, or a config this version cannot read, raises ``ValueError`` naming the file."""
+    return _config_of(path, _cache_data(path))
 
 
 def find_cached(cache: Path, name: str, tag: str, config: Config) -> Path | None:
@@ -335,9 +345,10 @@ def find_cached(cache: Path, name: str, tag: str, config: Config) -> Path | None
     pattern = f"{glob.escape(name)}_cfg-*_{glob.escape(tag)}.json"
     inputs = input_digests(config)
     for path in sorted(cache.glob(pattern)):
-        stored = stored_config(path)
+        data = _cache_data(path)
+        stored = _config_of(path, data)
         if (stored is not None and same_training(stored, config)
-                and json.loads(path.read_text()).get("inputs", {}) == inputs):
+                and data.get("inputs", {}) == inputs):
             return path
     return None
 
