@@ -112,3 +112,22 @@ def test_the_classical_fit_as_the_reward_reader(monkeypatch):
         torch.testing.assert_close(row, want.float())
     cfg.train.reader_gap_every = 1
     assert trainer.iteration(0).reader_gap == 0.0
+
+
+def test_the_plot_draws_each_gap_and_their_running_mean(tmp_path, monkeypatch):
+    """rewards.png's last panel: the measured gaps as points and their running mean over a
+    third of them as the trend line."""
+    import matplotlib.pyplot as plt
+
+    from wc_fast.infra.metrics import plot_rewards
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    gaps = [0.0, 0.3, 0.0, 0.3, 0.6, 0.0]
+    rows = [{"step": s, "if_mean": 0.5, "vq_mean": 0.1, "loss": 1.0,
+             **({"reader_gap": gaps[s // 10]} if s % 10 == 0 else {})} for s in range(60)]
+    assert plot_rewards(rows, tmp_path / "rewards.png").stat().st_size > 0
+    points, trend = figures[0].axes[4].get_lines()[:2]
+    assert list(points.get_xdata()) == [0, 10, 20, 30, 40, 50]
+    assert list(points.get_ydata()) == gaps
+    assert list(trend.get_ydata()) == pytest.approx([0.0, 0.15, 0.15, 0.15, 0.45, 0.3])

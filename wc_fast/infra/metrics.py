@@ -266,7 +266,7 @@ def plot_rewards(rows: list[dict], path: str | Path, loss_title: str = "loss"
     """Reward curves like the WorldCompass paper's Figure 2: IF and VQ per iteration, the loss
     (where an update was made; titled ``loss_title``, the update rule's), the motion spread of
     basic and composite groups, and the reader gap on the iterations that measured it
-    (``train.reader_gap_every``)."""
+    (``train.reader_gap_every``), each point and their running mean."""
     if not rows:
         return None
     import matplotlib
@@ -297,8 +297,11 @@ def plot_rewards(rows: list[dict], path: str | Path, loss_title: str = "loss"
     if axes[3].lines[1:]:
         axes[3].legend()
     if gaps:
+        # each point reads one iteration's groups, so it is noisy; the running mean over a
+        # third of the points shows the trend (a policy learning to fool its reader)
         xs, ys = zip(*gaps, strict=True)
-        axes[4].plot(xs, ys, "o-", linewidth=1.5, markersize=3)
+        axes[4].plot(xs, ys, "o", color="0.6", markersize=3)
+        axes[4].plot(xs, _running_mean(list(ys), max(1, len(ys) // 3)), linewidth=2)
         axes[4].axhline(0.0, color="0.5", linestyle="--", linewidth=1)
         axes[4].set_title("reader gap (reward's reader - camera fit)")
     for ax in axes:
