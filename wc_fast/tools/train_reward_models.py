@@ -30,7 +30,7 @@ The experiment of that reader (its file, as run, is committed in ``studies/resul
     python -m studies.final_table --seeds validation --rows recipe_kl_generated_reader:3
     python -m studies.white_box --validation --checkpoints base RUN_s0 RUN_s1 RUN_s2
 
-(the run folder of the row's seed 0, as ``studies.replicate`` names it.)
+(``RUN_sN``: the run folder of the row's seed N, as ``studies.replicate`` names it.)
 """
 
 from __future__ import annotations
