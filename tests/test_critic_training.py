@@ -1,6 +1,7 @@
 """The critic's training data: degraded renders and the base world model's own generations."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,3 +125,15 @@ def test_reward_critic_option_picks_the_trainers_critic(which):
     trainer = Trainer(cfg, TinyWorldDiT(cfg.model), torch.device("cpu"))
     frames = torch.rand(2, 3, 3, 32, 32) * 2 - 1
     torch.testing.assert_close(trainer.reward.models.critic(frames), load_critic(which)(frames))
+
+
+def test_an_estimator_file_is_measured_as_the_shipped_estimators_are():
+    """``--estimator-file``: a ``train_reward_models --out`` file gets the shipped estimators'
+    acceptance numbers (label agreement, IF of true renders, motion error), alone."""
+    path = str(Path(__file__).parents[1] / "studies" / "results" / "readers"
+               / "camera_reward_generated.safetensors")
+    report = acceptance.evaluate(clips=4, threads=1, only=(), estimator_files=[path])
+    measured = report[f"estimator_file:{path}"]
+    assert "estimator_reward" not in report and "critic" not in report
+    assert set(measured) == {"labels", "if_ground_truth", "motion_error_steps", "seconds"}
+    assert 0.0 <= measured["motion_error_steps"] < 1.0

@@ -32,7 +32,7 @@ from wc_fast.actions import is_basic, is_composite, split_action
 from wc_fast.config import preset
 from wc_fast.rewards.critic import VisualQualityScorer, load_critic
 from wc_fast.rewards.degrade import KINDS, degraded_pairs
-from wc_fast.rewards.estimators import CameraEstimator, load_estimator
+from wc_fast.rewards.estimators import CameraEstimator, load_estimator, load_estimator_file
 from wc_fast.rewards.interaction import poses_to_labels
 from wc_fast.rewards.motion_spread import estimator_motion_error
 from wc_fast.rewards.scoring import if_scores
@@ -149,12 +149,14 @@ def true_vs_generated(critic: VisualQualityScorer, *, sequences: int = 32, clips
 
 
 def evaluate(*, clips: int = 1000, threads: int = 2,
-             only: Sequence[str] = ("estimators", "critic"), held_out: Sequence[str] = ()
-             ) -> dict:
+             only: Sequence[str] = ("estimators", "critic"), held_out: Sequence[str] = (),
+             estimator_files: Sequence[str] = ()) -> dict:
     """The acceptance numbers of the shipped models (``only`` some of them), with the ``cpu``
     preset's thresholds; with ``"held_out"`` in ``only``, the evaluation critic's true-vs-
     generated check on the generations of each checkpoint in ``held_out`` (checkpoints that no
-    comparison uses, so that the critic is validated on world models it was not fitted to)."""
+    comparison uses, so that the critic is validated on world models it was not fitted to).
+    ``estimator_files`` (``--which ... --out`` files, e.g. ``reward_generated``'s) are measured
+    as the shipped estimators are, under ``estimator_file:PATH``."""
     torch.set_num_threads(threads)
     reward = preset("cpu").reward
     thresholds = dict(trans_thresholds=reward.trans_thresholds,
@@ -162,14 +164,19 @@ def evaluate(*, clips: int = 1000, threads: int = 2,
     report: dict = {"thresholds": {"trans": list(reward.trans_thresholds),
                                    "rot_deg": reward.rot_threshold_deg},
                     "eval_data_seed": EVAL_DATA_SEED}
-    for which in ("reward", "eval") if "estimators" in only else ():
+    estimators = {f"estimator_{which}": lambda which=which: load_estimator(which)
+                  for which in (("reward", "eval") if "estimators" in only else ())}
+    estimators.update({f"estimator_file:{path}": lambda path=path: load_estimator_file(path)
+                       for path in estimator_files})
+    for name, load in estimators.items():
         start = time.perf_counter()
-        est = load_estimator(which)
-        report[f"estimator_{which}"] = {
+        est = load()
+        report[name] = {
             "labels": label_agreement(est, clips=clips, **thresholds),
             "if_ground_truth": if_of_ground_truth(est, clips=clips, **thresholds),
-            "motion_error_steps": round(estimator_motion_error(
-                est, clips=clips, seed=EVAL_DATA_SEED + 1), 4),
+            # the per-direction errors [4], averaged over the directions
+            "motion_error_steps": round(float(estimator_motion_error(
+                est, clips=clips, seed=EVAL_DATA_SEED + 1).mean()), 4),
             "seconds": round(time.perf_counter() - start, 1)}
     if "held_out" in only:
         critic = load_critic("eval")
@@ -198,11 +205,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--held-out", nargs="+", default=(), metavar="CHECKPOINT",
                         help="checkpoints no comparison uses, whose generations validate the "
                              "evaluation critic (with --only held_out)")
+    parser.add_argument("--estimator-file", nargs="+", default=(), metavar="PATH",
+                        help="estimator files written by train_reward_models --out, measured "
+                             "as the shipped estimators are (alone unless --only names more)")
     args = parser.parse_args(argv)
     if (args.only == "held_out") != bool(args.held_out):
         parser.error("--only held_out and --held-out CHECKPOINT... go together")
-    only = (args.only,) if args.only else ("estimators", "critic")
-    report = evaluate(clips=args.clips, threads=args.threads, only=only, held_out=args.held_out)
+    only = ((args.only,) if args.only
+            else () if args.estimator_file else ("estimators", "critic"))
+    report = evaluate(clips=args.clips, threads=args.threads, only=only, held_out=args.held_out,
+                      estimator_files=args.estimator_file)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:
