@@ -9,19 +9,21 @@
 # that do skip without it.
 # Python is ${PYTHON:-python3} (the GPU image has no plain `python`).
 #
-# Steps, in order, each under a cap and under what is left of a fixed time budget; a step
-# that runs out of time is interrupted (SIGINT), so pytest still writes what finished:
-# 1. kernels: fused-op benchmarks (nft_loss, flow_noise, grpo_sde_loss) -> OUT_DIR/bench_kernels.json
-# 2. profile: where the fused ops' time goes (python -m studies.op_profile; the log only)
-# 3. attention: shared-prefix attention benchmarks, prefix-grouper among the contenders (its
+# Steps, in order of priority, each under a cap and under what is left of a fixed time budget;
+# a step that runs out of time is interrupted (SIGINT), so pytest still writes what finished:
+# 1. tests: the GPU-marked tests, pytest -m gpu tests/ -> OUT_DIR/gpu_tests.xml
+# 2. kernels: fused-op benchmarks (nft_loss, flow_noise, grpo_sde_loss) -> OUT_DIR/bench_kernels.json
+# 3. profile: where the fused ops' time goes (python -m studies.op_profile; the log only)
+# 4. attention: shared-prefix attention benchmarks, prefix-grouper among the contenders (its
 #    wheel travels in .whl/, bench/gpu_wheels.sh)     -> OUT_DIR/bench_attention.json
-# 4. tests: the GPU-marked tests, pytest -m gpu tests/ -> OUT_DIR/gpu_tests.xml
-# 5. rl: one RL iteration, ours vs official-style     -> OUT_DIR/rl_iteration.json
-# 6. wan: one RL iteration of a Wan2.1-1.3B-shaped model with random weights, with and
+# 5. model: model-level benchmarks: the shared-prefix forward, one RL iteration at the
+#    Wan2.1-1.3B shape (ours vs a batched eager loop), then the sampler -> OUT_DIR/bench_model.json
+# 6. rl: one RL iteration, ours vs official-style     -> OUT_DIR/rl_iteration.json
+# 7. wan: one RL iteration of a Wan2.1-1.3B-shaped model with random weights, with and
 #    without LoRA and activation checkpointing       -> OUT_DIR/wan_iteration.json
-# 7. model: model-level benchmarks (shared prefix, sampler, then one RL iteration at the
-#    Wan2.1-1.3B shape: ours vs a batched eager loop)  -> OUT_DIR/bench_model.json
 # 8. a short table of all of the above (python -m studies.summarize) -> OUT_DIR/summary.txt
+# Steps 6 and 7 measure what earlier runs already measured (the official-style ratio, the memory
+# of the Wan variants), so they come after what has no GPU number yet and get what is left.
 # Everything printed also goes to OUT_DIR/gpu_check.log: at most 8 files, none in a subfolder.
 # The exit status is non-zero if any step failed or ran out of time.
 #
@@ -32,7 +34,7 @@
 # GPU_CHECK_STEPS=rl,profile for a short second run); GPU_CHECK_SKIP_RL=1 leaves out rl and wan
 # (the test suite's dry run does: they take minutes on a busy 2-core machine and have their
 # own tests); GPU_CHECK_BUDGET_S sets the time budget (default 480 s: the whole script in 8
-# minutes), GPU_CHECK_TESTS_CAP_S the tests step's cap (default 150 s).
+# minutes), GPU_CHECK_TESTS_CAP_S the tests step's cap (default 120 s).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -42,7 +44,7 @@ mkdir -p "$out" || exit 1
 out=$(cd "$out" && pwd)
 py="${PYTHON:-python3}"
 dry_run="${GPU_CHECK_DRY_RUN:-0}"
-steps="${GPU_CHECK_STEPS:-kernels,profile,attention,tests,rl,wan,model}"
+steps="${GPU_CHECK_STEPS:-tests,kernels,profile,attention,model,rl,wan}"
 if [[ "${GPU_CHECK_SKIP_RL:-0}" == 1 ]]; then
     steps=$(tr , '\n' <<<"$steps" | grep -vx -e rl -e wan | paste -sd, -)
 fi
@@ -141,6 +143,10 @@ EOF
     }
 
     local results=()
+    if wanted tests; then
+        run_step "${GPU_CHECK_TESTS_CAP_S:-120}" "GPU tests" "${pytest[@]}" -m gpu tests/ --junitxml="$out/gpu_tests.xml"
+        results+=("$out/gpu_tests.xml")
+    fi
     if wanted kernels; then
         run_step 110 "fused-op benchmarks" "${bench[@]}" bench/test_bench_kernels.py \
             --benchmark-json="$out/bench_kernels.json"
@@ -158,9 +164,13 @@ EOF
             --benchmark-json="$out/bench_attention.json"
         results+=("$out/bench_attention.json")
     fi
-    if wanted tests; then
-        run_step "${GPU_CHECK_TESTS_CAP_S:-150}" "GPU tests" "${pytest[@]}" -m gpu tests/ --junitxml="$out/gpu_tests.xml"
-        results+=("$out/gpu_tests.xml")
+    if wanted model; then
+        # the Wan-shaped RL iteration (about 150 s of its 300) before the sampler, which
+        # earlier runs have measured
+        run_step 300 "model benchmarks" "${bench[@]}" bench/test_bench_prefix.py \
+            bench/test_bench_rl_iteration.py bench/test_bench_sampler.py \
+            --benchmark-json="$out/bench_model.json"
+        results+=("$out/bench_model.json")
     fi
     if wanted rl; then
         local rl=("$py" -m studies.rl_iteration --preset paper --init random)
@@ -178,12 +188,6 @@ EOF
         fi
         run_step 120 "Wan iteration" "${wan[@]}" --json "$out/wan_iteration.json"
         results+=("$out/wan_iteration.json")
-    fi
-    if wanted model; then
-        run_step "$budget_s" "model benchmarks" "${bench[@]}" bench/test_bench_prefix.py \
-            bench/test_bench_sampler.py bench/test_bench_rl_iteration.py \
-            --benchmark-json="$out/bench_model.json"
-        results+=("$out/bench_model.json")
     fi
 
     echo "=== gpu_check: summary"

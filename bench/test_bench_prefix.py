@@ -24,6 +24,7 @@ from wc_kernels import _backend
 
 G = 16
 HISTORY_CLIPS = 7  # n = 8: clips 1..7 are history
+ROUNDS = 10  # timed rounds per strategy: a median and a spread a reviewer can read
 
 
 def _replicated_attend(cache, layer: int):
@@ -78,7 +79,7 @@ def _run(benchmark, fn, extra: dict) -> None:
     with torch.no_grad():
         fn()
         _sync()
-        benchmark.pedantic(lambda: (fn(), _sync()), rounds=3, iterations=1, warmup_rounds=0)
+        benchmark.pedantic(lambda: (fn(), _sync()), rounds=ROUNDS, iterations=1, warmup_rounds=0)
     if torch.cuda.is_available():
         extra["cuda_max_memory_allocated"] = torch.cuda.max_memory_allocated()
     benchmark.extra_info.update(extra)

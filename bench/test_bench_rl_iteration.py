@@ -40,7 +40,7 @@ from wc_fast.rl.trainer import Trainer
 wan_iteration = pytest.importorskip(
     "studies.wan_iteration", reason="the Wan model needs diffusers (pip install 'wc_fast[wan]')")
 
-ROUNDS = 5  # each round is a whole iteration: seconds on a GPU, tens of seconds on a CPU
+ROUNDS = 10  # each round is a whole iteration: seconds on a GPU, tens of seconds on a CPU
 CPU_ARGS = ["--layers", "1", "--resolution", "64", "--clip-frames", "2", "--group-size", "4",
             "--steps", "2", "--micro-batch", "4", "--device", "cpu"]
 CONTENDERS = ("ours", "batched_eager")

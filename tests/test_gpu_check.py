@@ -85,6 +85,10 @@ def test_dry_run_passes_and_respects_the_output_limits(tmp_path):
     names = {e.name for e in entries}
     assert {"gpu_check.log", "summary.txt", "gpu_tests.xml"} <= names, names
 
+    # the steps ran in priority order: what has no GPU number yet first
+    ran = re.findall(r"^=== gpu_check: (.+) \(limit", log, re.MULTILINE)
+    assert ran == ["GPU tests", "fused-op benchmarks", "fused-op profile",
+                   "attention benchmarks", "model benchmarks"], ran
     # the profile ran (on the CPU, the reference backend at a thousandth of the shapes)
     assert "=== gpu_check: fused-op profile done in" in log and "host syncs per call" in log, \
         log[-4000:]
