@@ -170,6 +170,9 @@ TITLES = {"base": "base model", "full": "paper recipe (clip-level, IF + VQ)",
           "recipe_kl_generated_reader_120its": "the default recipe, IF read by an estimator "
                                                "also trained on generated frames, 120 "
                                                "iterations",
+          "recipe_kl_generated_ensemble_120its": "the default recipe, IF the mean of the "
+                                                 "generated-frames estimator's and the camera "
+                                                 "fit's, 120 iterations",
           "recipe_warp": "warp recipe: the default with the warp head's exploration instead "
                          "(the previous default)",
           "recipe_sde": "default recipe without exploration in motion, same-noise SDE "

@@ -90,9 +90,15 @@ def test_the_fit_as_reader_reads_no_network_and_has_no_gap(monkeypatch):
     assert reward.reader_gap(group, frames, scores) == 0.0
 
 
-def test_agreement_pays_the_lower_of_the_estimators_and_the_fits_if(monkeypatch):
+@pytest.mark.parametrize(("reader", "combine"), [
+    ("agreement", torch.minimum),
+    ("ensemble", lambda a, b: (a + b) / 2),
+])
+def test_joint_readers_pay_the_combination_of_the_estimators_and_the_fits_if(
+        monkeypatch, reader, combine):
+    """agreement pays the lower of the two readers' IF, ensemble their mean."""
     cfg = C.preset("smoke")
-    C.apply_override(cfg, "reward.if_reader", "agreement")
+    C.apply_override(cfg, "reward.if_reader", reader)
     reward = registry.build(cfg)
     group, frames = _group(cfg)
     c2w = registry.camera_poses(reward.models.estimator, frames)
@@ -102,7 +108,8 @@ def test_agreement_pays_the_lower_of_the_estimators_and_the_fits_if(monkeypatch)
     reads = [interaction_score(path.double(), trans, rot, trans_thresholds=rw.trans_thresholds,
                                rot_threshold_deg=rw.rot_threshold_deg) for path in (c2w, fitted)]
     scores = reward(group, frames)
-    torch.testing.assert_close(scores.s_if.double(), torch.minimum(*reads), rtol=0, atol=1e-6)
+    assert not torch.equal(*reads)  # the readers disagree somewhere: the combination shows
+    torch.testing.assert_close(scores.s_if.double(), combine(*reads), rtol=0, atol=1e-6)
     torch.testing.assert_close(scores.c2w, c2w, rtol=0, atol=0)
     # where the fit reads what the estimator reads, the reward is the estimator's own
     monkeypatch.setattr(registry, "fit_path", lambda f: c2w.double())

@@ -29,7 +29,7 @@ Capture = Literal["auto", "eager", "compile", "cuda_graph"]
 StdMode = Literal["group", "global"]
 RewardKind = Literal["both", "if", "vq"]
 IfKind = Literal["label", "soft", "action", "trajectory"]
-IfReader = Literal["estimator", "render", "fit", "depth_anything_3", "agreement"]
+IfReader = Literal["estimator", "render", "fit", "depth_anything_3", "agreement", "ensemble"]
 VqMode = Literal["stride", "drift"]
 CriticKind = Literal["reward", "eval", "hpsv3"]
 LossSpace = Literal[SPACES]  # the kernels' own choices (a tuple subscript unpacks)
@@ -259,7 +259,8 @@ class RewardConfig:
         "estimator and the fit both read each candidate and its IF is the lower of their two "
         "(credit only as far as a network and a classical reader agree; the fit's cost "
         "again), so a clip that pleases the network alone earns nothing extra; the reader "
-        "gap then still compares the estimator with the fit")})
+        "gap then still compares the estimator with the fit. ensemble: the same two readers, "
+        "the IF the mean of their two (half the credit where they disagree)")})
     reader_checkpoint: str = field(default="", metadata={"help": (
         "the local model folder of reward.if_reader depth_anything_3; with reward.if_reader "
         "estimator or agreement, an estimator file (NAME.safetensors, NAME.json beside it) "

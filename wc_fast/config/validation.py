@@ -13,7 +13,7 @@ from wc_fast.config.schema import LOGGERS, Config, ModelConfig, PretrainRun, sec
 
 # the reward.if_reader names that read with the reward estimator, which reward.reader_checkpoint
 # may replace by an estimator file
-ESTIMATOR_READERS = ("estimator", "agreement")
+ESTIMATOR_READERS = ("estimator", "agreement", "ensemble")
 
 
 def _require(ok: bool, path: str, expected: str, value: object) -> None:

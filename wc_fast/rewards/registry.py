@@ -115,9 +115,18 @@ READERS: dict[str, Callable[[RewardModels, ScoredGroup, Tensor], Tensor]] = {
     "estimator": _estimated, "depth_anything_3": _estimated, "render": _rendered,
     "fit": _fitted,
 }
-# reward.if_reader names that read with several readers: the IF is the lowest of theirs, the
-# first reader's paths are the group's (motion spread, reader gap)
-JOINT_READERS: dict[str, tuple[str, ...]] = {"agreement": ("estimator", "fit")}
+# reward.if_reader names that read with several readers, and how their IF scores [R, G]
+# combine into one [G]: agreement the lowest (credit only as far as they agree), ensemble the
+# mean; the first reader's paths are the group's (motion spread, reader gap)
+JOINT_READERS: dict[str, tuple[tuple[str, ...], Callable[[Tensor], Tensor]]] = {
+    "agreement": (("estimator", "fit"), lambda scores: scores.amin(0)),
+    "ensemble": (("estimator", "fit"), lambda scores: scores.mean(0)),
+}
+
+
+def _only(scores: Tensor) -> Tensor:
+    """The IF of a single reader, ``[1, G]`` -> ``[G]``."""
+    return scores[0]
 
 
 def _by_labels(score: Callable[..., Tensor], c2w: Tensor, actions: Tensor,
@@ -174,11 +183,11 @@ class Reward:
 
     def __call__(self, group: ScoredGroup, frames: Tensor) -> GroupScores:
         rw = self.cfg
-        names = JOINT_READERS.get(rw.if_reader, (rw.if_reader,))
+        names, combine = JOINT_READERS.get(rw.if_reader, ((rw.if_reader,), _only))
         paths = {name: READERS[name](self.models, group, frames) for name in names}
         c2w = paths[names[0]]
-        s_if = torch.stack([IF_SCORES[rw.if_kind](p, group.clip_actions, rw).to(c2w.device)
-                            for p in paths.values()]).amin(0)
+        s_if = combine(torch.stack([IF_SCORES[rw.if_kind](p, group.clip_actions, rw)
+                                    .to(c2w.device) for p in paths.values()]))
         s_vq = vq_scores(self.models.critic, frames, stride=rw.vq_stride, mode=rw.vq_mode)
         return GroupScores(s_if=s_if, s_vq=s_vq, c2w=c2w, fitted=paths.get("fit"))
 
