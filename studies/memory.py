@@ -15,8 +15,9 @@ with every weight, or every adapter and the conditioning, trained.
 
 The trainer's own setup builds the run: the model (random weights in the backbone's real
 shape; bf16 autocast over fp32 weights), its frozen weights cast to bf16
-(``optim.hold_frozen_matrices_in``), the old model (``optim.frozen_copy``: trained weights
-copied, frozen ones shared) and with ``--kl`` the reference, and the optimizers
+(``optim.hold_frozen_matrices_in``), the old model and with ``--kl`` the reference
+(``optim.policy_copies``, as the trainer builds them: trained weights copied, frozen ones
+shared), and the optimizers
 (``--whole-copies``: whole copies and fp32 frozen matrices, the trainer before frozen weights
 were shared). Then the phases of an iteration on clip 2 (a history of the prompt frame and one
 clip), twice, the second measured (the first makes the gradients and optimizer states, which
@@ -75,10 +76,11 @@ from wc_fast.models.tiny.dit import DTYPES
 from wc_fast.rl.optim import (
     build_optimizers,
     freeze_untrained,
-    frozen_copy,
     hold_frozen_matrices_in,
+    policy_copies,
 )
 from wc_fast.rl.sampler import ClipSampler
+from wc_fast.rl.updates import build_update
 from wc_kernels import nft_loss
 
 GIB = 2**30
@@ -498,15 +500,16 @@ def measure(args: argparse.Namespace, name: str | None, *, fake: bool = True) ->
         freeze_untrained(model, cfg.optim.trainable)
         if not (args.whole_copies or sharded):
             hold_frozen_matrices_in(model, DTYPES[m.dtype])
-        kl = cfg.nft.kl_beta > 0
-        # under FSDP2 the copies stay structures on the meta device until sharded, as the
-        # trainer builds them (distributed.shard_frozen_copy)
-        copies = [copy.deepcopy(model).eval().requires_grad_(False) if args.whole_copies
-                  else frozen_copy(model, on_meta=sharded)
-                  for _ in range(2 if kl else 1)]
-        if not (args.whole_copies or sharded):
-            for ref in copies[1:]:  # as the trainer holds the reference
-                hold_frozen_matrices_in(ref, DTYPES[m.dtype])
+        rule = build_update(cfg)
+        kl = rule.kl_beta > 0
+        if args.whole_copies:
+            copies = [copy.deepcopy(model).eval().requires_grad_(False)
+                      for _ in range(2 if kl else 1)]
+        else:
+            # the trainer's own (under FSDP2 structures on the meta device until sharded,
+            # distributed.shard_frozen_copy)
+            old, ref = policy_copies(model, DTYPES[m.dtype], rule.reference, on_meta=sharded)
+            copies = [old] if ref is None else [old, ref]
     counter = LiveBytes(trace=args.largest > 0)
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     resizes = _counting_fsdp_resizes(counter) if sharded else contextlib.nullcontext()

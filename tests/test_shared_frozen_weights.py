@@ -57,7 +57,7 @@ def _run(overrides: dict[str, str], steps: int = 3) -> tuple[Trainer, list]:
 
 def _whole_copies(monkeypatch) -> None:
     real = optim.frozen_copy
-    for module in ("wc_fast.rl.trainer", "wc_fast.rl.updates.base"):
+    for module in ("wc_fast.rl.optim", "wc_fast.rl.updates.base"):
         monkeypatch.setattr(f"{module}.frozen_copy",
                             lambda model, share_untrained=True, on_meta=False, real=real: real(
                                 model, share_untrained=False, on_meta=on_meta))
@@ -165,7 +165,8 @@ def test_frozen_block_matrices_in_bf16_train_bit_for_bit_as_fp32(monkeypatch, ba
     assert in_blocks and all(p.dtype == torch.bfloat16 for p in in_blocks)
     assert all(p.dtype == torch.float32 for p in held.model.parameters() if p.requires_grad)
     with monkeypatch.context() as patch:
-        patch.setattr("wc_fast.rl.trainer.hold_frozen_matrices_in", lambda model, dtype: 0)
+        for module in ("wc_fast.rl.trainer", "wc_fast.rl.optim"):  # the model's, the reference's
+            patch.setattr(f"{module}.hold_frozen_matrices_in", lambda model, dtype: 0)
         fp32, fp32_rows = _bf16_run(BF16_MODELS[backbone])
     assert all(p.dtype == torch.float32 for p in fp32.model.parameters())
     assert [r.loss for r in held_rows] == [r.loss for r in fp32_rows]

@@ -9,7 +9,9 @@ WorldCompass code and common Muon practice. The model says which weights are hid
 from __future__ import annotations
 
 import copy
+import functools
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -198,6 +200,25 @@ def frozen_copy(model: WorldModel, *, share_untrained: bool = True,
     else:
         memo = {id(p): p for p in model.parameters() if share_untrained and not p.requires_grad}
     return copy.deepcopy(model, memo).eval().requires_grad_(False)
+
+
+def policy_copies(model: WorldModel, dtype: torch.dtype,
+                  reference: Callable[[WorldModel, Callable[[WorldModel], WorldModel]],
+                                      WorldModel | None],
+                  *, on_meta: bool = False) -> tuple[WorldModel, WorldModel | None]:
+    """The old (rollout) model and the KL's reference (``None`` without a KL) of a run that
+    trains ``model``, whose untrained weights are already frozen: each a :func:`frozen_copy`
+    (its own copies of the trained weights over the model's frozen ones); ``reference`` is the
+    update rule's (:meth:`wc_fast.rl.updates.Update.reference`). The reference, frozen whole,
+    holds its copies of the trained matrices in ``dtype`` too (:func:`hold_frozen_matrices_in`).
+    ``on_meta``: structures on the meta device, which FSDP2 shards and fills shard by shard
+    (:func:`wc_fast.infra.distributed.shard_frozen_copy`). One place for the trainer and the
+    memory study, so the study measures what the trainer builds."""
+    copy_ = functools.partial(frozen_copy, on_meta=on_meta)
+    old, ref = copy_(model), reference(model, copy_)
+    if ref is not None and not on_meta:
+        hold_frozen_matrices_in(ref, dtype)
+    return old, ref
 
 
 def _on_meta(t: Tensor) -> Tensor:

@@ -65,8 +65,8 @@ from wc_fast.rl.ema import ema_update
 from wc_fast.rl.optim import (
     build_optimizers,
     freeze_untrained,
-    frozen_copy,
     hold_frozen_matrices_in,
+    policy_copies,
 )
 from wc_fast.rl.rollout import NO_EXPLORATION, GroupRollout, MotionExploration
 from wc_fast.rl.sampler import ClipSampler
@@ -220,9 +220,8 @@ class Trainer:
         # against, if any: copies of the trained weights over the model's own frozen ones;
         # under FSDP2, which shards each module's own parameters, whole copies built shard by
         # shard from the sharded model
-        copy = functools.partial(frozen_copy, on_meta=self.sharded)
-        self.old = copy(self.model)
-        self.ref = self.rule.reference(self.model, copy)
+        self.old, self.ref = policy_copies(self.model, DTYPES[cfg.model.dtype],
+                                           self.rule.reference, on_meta=self.sharded)
         if self.sharded:
             mesh = DeviceMesh.from_group(process_group, device.type)
             shard_model(self.model, process_group, device.type, mesh=mesh)
@@ -230,9 +229,6 @@ class Trainer:
                 None if structure is None else
                 shard_frozen_copy(structure, self.model, process_group, device, mesh=mesh)
                 for structure in (self.old, self.ref))
-        elif self.ref is not None:
-            # frozen whole: its own copies of the trained weights held as the frozen ones
-            hold_frozen_matrices_in(self.ref, DTYPES[cfg.model.dtype])
         self.optimizers = build_optimizers(self.model, cfg.optim)
         # consecutive updates skipped for a NaN or inf loss or gradient
         self.bad_streak = 0
