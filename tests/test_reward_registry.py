@@ -22,6 +22,16 @@ def test_every_name_the_config_accepts_is_registered(table, choices):
     assert set(table) == set(typing.get_args(choices))
 
 
+def test_the_config_knows_every_reader_that_reads_with_the_reward_estimator():
+    """reward.reader_checkpoint may replace the estimator of exactly these readers (the config
+    cannot import the registry, so its list is kept in step here)."""
+    from wc_fast.config.validation import ESTIMATOR_READERS
+
+    joint = {name: readers for name, (readers, _) in registry.JOINT_READERS.items()}
+    assert set(ESTIMATOR_READERS) == {"estimator"} | {
+        name for name, readers in joint.items() if "estimator" in readers}
+
+
 # (field, adapter, its checkpoint's field, another choice of the field, which takes no file)
 @pytest.mark.parametrize(("field", "value", "path", "other_value"), [
     ("reward.if_reader", "depth_anything_3", "reward.reader_checkpoint", "fit"),
